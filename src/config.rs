@@ -1,0 +1,331 @@
+//! Settings from flags and `HOLDFAST_*` environment variables, checked at start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::domain::HoldBounds;
+use crate::store::StoreSettings;
+
+/// Every setting of the service. Each flag has a `HOLDFAST_*` variable.
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// `sqlite://PATH` (embedded) or `postgres://USER@HOST:PORT/DB`.
+    #[arg(
+        long,
+        env = "HOLDFAST_DATABASE_URL",
+        default_value = "sqlite://holdfast.db",
+        global = true
+    )]
+    pub database_url: String,
+
+    /// Address to listen on.
+    #[arg(
+        long,
+        env = "HOLDFAST_BIND",
+        default_value = "127.0.0.1:8080",
+        global = true
+    )]
+    pub bind: SocketAddr,
+
+    /// Default hold length in seconds.
+    #[arg(
+        long,
+        env = "HOLDFAST_HOLD_SECONDS",
+        default_value_t = 600,
+        global = true
+    )]
+    pub hold_seconds: i64,
+
+    /// Smallest `hold_seconds` a request may ask for.
+    #[arg(
+        long,
+        env = "HOLDFAST_HOLD_SECONDS_MIN",
+        default_value_t = 30,
+        global = true
+    )]
+    pub hold_seconds_min: i64,
+
+    /// Largest `hold_seconds` a request may ask for.
+    #[arg(
+        long,
+        env = "HOLDFAST_HOLD_SECONDS_MAX",
+        default_value_t = 3600,
+        global = true
+    )]
+    pub hold_seconds_max: i64,
+
+    /// Seconds between janitor passes; 0 turns the janitor off.
+    #[arg(
+        long,
+        env = "HOLDFAST_JANITOR_INTERVAL_SECONDS",
+        default_value_t = 30,
+        global = true
+    )]
+    pub janitor_interval_seconds: u64,
+
+    /// Lapsed holds expired per janitor transaction.
+    #[arg(
+        long,
+        env = "HOLDFAST_JANITOR_BATCH",
+        default_value_t = 500,
+        global = true
+    )]
+    pub janitor_batch: i64,
+
+    /// How long stored answers to idempotent requests are kept.
+    #[arg(
+        long,
+        env = "HOLDFAST_IDEMPOTENCY_RETENTION_HOURS",
+        default_value_t = 24,
+        global = true
+    )]
+    pub idempotency_retention_hours: u64,
+
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "HOLDFAST_MAX_BODY_BYTES", default_value_t = 16 * 1024, global = true)]
+    pub max_body_bytes: usize,
+
+    /// Database connections in the pool.
+    #[arg(
+        long,
+        env = "HOLDFAST_DB_POOL_SIZE",
+        default_value_t = 16,
+        global = true
+    )]
+    pub db_pool_size: usize,
+
+    /// Longest wait for a pooled connection before answering 503, in milliseconds.
+    #[arg(
+        long,
+        env = "HOLDFAST_DB_ACQUIRE_TIMEOUT_MS",
+        default_value_t = 2000,
+        global = true
+    )]
+    pub db_acquire_timeout_ms: u64,
+
+    /// Longest a statement may run before it is cancelled (503), in milliseconds.
+    #[arg(
+        long,
+        env = "HOLDFAST_DB_STATEMENT_TIMEOUT_MS",
+        default_value_t = 5000,
+        global = true
+    )]
+    pub db_statement_timeout_ms: u64,
+
+    /// Longest a statement may wait for a row lock (503), in milliseconds.
+    #[arg(
+        long,
+        env = "HOLDFAST_DB_LOCK_TIMEOUT_MS",
+        default_value_t = 2000,
+        global = true
+    )]
+    pub db_lock_timeout_ms: u64,
+
+    /// HTTP worker threads; 0 means one per CPU core.
+    #[arg(long, env = "HOLDFAST_WORKERS", default_value_t = 0, global = true)]
+    pub workers: usize,
+
+    /// Log format: compact text or one JSON object per line.
+    #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A setting that cannot work, named so the operator can fix it.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid setting {setting}: {problem}")]
+pub struct ConfigError {
+    pub setting: &'static str,
+    pub problem: String,
+}
+
+fn invalid(setting: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        setting,
+        problem: problem.into(),
+    }
+}
+
+/// Where the data lives, parsed from `HOLDFAST_DATABASE_URL`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    Postgres(String),
+    Sqlite(PathBuf),
+}
+
+impl Config {
+    /// The settings a test or an embedding program starts from.
+    pub fn with_database(url: impl Into<String>) -> Self {
+        Self {
+            database_url: url.into(),
+            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            hold_seconds: 600,
+            hold_seconds_min: 30,
+            hold_seconds_max: 3600,
+            janitor_interval_seconds: 30,
+            janitor_batch: 500,
+            idempotency_retention_hours: 24,
+            max_body_bytes: 16 * 1024,
+            db_pool_size: 16,
+            db_acquire_timeout_ms: 2000,
+            db_statement_timeout_ms: 5000,
+            db_lock_timeout_ms: 2000,
+            workers: 0,
+            log_format: LogFormat::Text,
+        }
+    }
+
+    /// Checks every setting; the first bad one is named in the error.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.database()?;
+        if self.hold_seconds_min < 1 {
+            return Err(invalid("HOLDFAST_HOLD_SECONDS_MIN", "must be at least 1"));
+        }
+        if self.hold_seconds_max < self.hold_seconds_min {
+            return Err(invalid(
+                "HOLDFAST_HOLD_SECONDS_MAX",
+                format!(
+                    "must not be below HOLDFAST_HOLD_SECONDS_MIN ({})",
+                    self.hold_seconds_min
+                ),
+            ));
+        }
+        if self.hold_seconds_max > 86_400 * 7 {
+            return Err(invalid(
+                "HOLDFAST_HOLD_SECONDS_MAX",
+                "must be at most 604800 (a week)",
+            ));
+        }
+        if !(self.hold_seconds_min..=self.hold_seconds_max).contains(&self.hold_seconds) {
+            return Err(invalid(
+                "HOLDFAST_HOLD_SECONDS",
+                format!(
+                    "must lie within {}..={}",
+                    self.hold_seconds_min, self.hold_seconds_max
+                ),
+            ));
+        }
+        if self.janitor_batch < 1 {
+            return Err(invalid("HOLDFAST_JANITOR_BATCH", "must be at least 1"));
+        }
+        if self.idempotency_retention_hours < 1 {
+            return Err(invalid(
+                "HOLDFAST_IDEMPOTENCY_RETENTION_HOURS",
+                "must be at least 1",
+            ));
+        }
+        if self.max_body_bytes < 64 {
+            return Err(invalid("HOLDFAST_MAX_BODY_BYTES", "must be at least 64"));
+        }
+        if self.db_pool_size < 1 {
+            return Err(invalid("HOLDFAST_DB_POOL_SIZE", "must be at least 1"));
+        }
+        for (setting, value) in [
+            ("HOLDFAST_DB_ACQUIRE_TIMEOUT_MS", self.db_acquire_timeout_ms),
+            (
+                "HOLDFAST_DB_STATEMENT_TIMEOUT_MS",
+                self.db_statement_timeout_ms,
+            ),
+            ("HOLDFAST_DB_LOCK_TIMEOUT_MS", self.db_lock_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(setting, "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn database(&self) -> Result<DatabaseUrl, ConfigError> {
+        let url = self.database_url.trim();
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(DatabaseUrl::Postgres(url.to_owned()));
+        }
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err(invalid(
+                    "HOLDFAST_DATABASE_URL",
+                    "sqlite:// needs a file path, e.g. sqlite://holdfast.db",
+                ));
+            }
+            return Ok(DatabaseUrl::Sqlite(PathBuf::from(path)));
+        }
+        Err(invalid(
+            "HOLDFAST_DATABASE_URL",
+            format!("{url:?} is neither sqlite://PATH nor postgres://…"),
+        ))
+    }
+
+    pub fn hold_bounds(&self) -> HoldBounds {
+        HoldBounds {
+            default: self.hold_seconds,
+            min: self.hold_seconds_min,
+            max: self.hold_seconds_max,
+        }
+    }
+
+    pub fn janitor_interval(&self) -> Option<Duration> {
+        (self.janitor_interval_seconds > 0)
+            .then(|| Duration::from_secs(self.janitor_interval_seconds))
+    }
+
+    pub fn store_settings(&self) -> StoreSettings {
+        StoreSettings {
+            pool_size: self.db_pool_size,
+            acquire_timeout: Duration::from_millis(self.db_acquire_timeout_ms),
+            statement_timeout: Duration::from_millis(self.db_statement_timeout_ms),
+            lock_timeout: Duration::from_millis(self.db_lock_timeout_ms),
+            idempotency_retention: Duration::from_secs(self.idempotency_retention_hours * 3600),
+            sweep_batch: self.janitor_batch,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::with_database("sqlite://holdfast.db")
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let mut c = Config::with_database("mysql://x");
+        assert_eq!(c.validate().unwrap_err().setting, "HOLDFAST_DATABASE_URL");
+        c = Config::with_database("sqlite://x.db");
+        c.hold_seconds_min = 100;
+        c.hold_seconds_max = 50;
+        assert_eq!(
+            c.validate().unwrap_err().setting,
+            "HOLDFAST_HOLD_SECONDS_MAX"
+        );
+        c = Config::with_database("sqlite://x.db");
+        c.hold_seconds = 10;
+        assert_eq!(c.validate().unwrap_err().setting, "HOLDFAST_HOLD_SECONDS");
+    }
+
+    #[test]
+    fn database_urls() {
+        let c = Config::with_database("postgres://u@h/db");
+        assert_eq!(
+            c.database().unwrap(),
+            DatabaseUrl::Postgres("postgres://u@h/db".into())
+        );
+        let c = Config::with_database("sqlite://data/h.db");
+        assert_eq!(
+            c.database().unwrap(),
+            DatabaseUrl::Sqlite("data/h.db".into())
+        );
+    }
+}

@@ -1,0 +1,198 @@
+use std::fmt;
+
+use ulid::Ulid;
+
+macro_rules! string_newtype {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            pub fn into_inner(self) -> String {
+                self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+string_newtype!(
+    /// An asset id chosen by the operator: `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`.
+    AssetId
+);
+string_newtype!(
+    /// The buyer, opaque to holdfast: 1 to 64 characters, no control characters.
+    BuyerId
+);
+string_newtype!(
+    /// The payment system's reference: 1 to 128 characters, no control characters.
+    PaymentReference
+);
+string_newtype!(
+    /// A client-chosen key that makes a POST safe to retry: 1 to 255 printable ASCII characters.
+    IdempotencyKey
+);
+
+impl AssetId {
+    pub const MAX_LEN: usize = 64;
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut chars = s.chars();
+        let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+        let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if first_ok && rest_ok && s.len() <= Self::MAX_LEN {
+            Ok(Self(s.to_owned()))
+        } else {
+            Err("must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' or '-', starting with a letter or digit".into())
+        }
+    }
+}
+
+fn bounded_text(s: &str, max: usize) -> Result<String, String> {
+    let n = s.chars().count();
+    if n == 0 || n > max {
+        return Err(format!("must be 1 to {max} characters"));
+    }
+    if s.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(s.to_owned())
+}
+
+impl BuyerId {
+    pub const MAX_LEN: usize = 64;
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        bounded_text(s, Self::MAX_LEN).map(Self)
+    }
+}
+
+impl PaymentReference {
+    pub const MAX_LEN: usize = 128;
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        bounded_text(s, Self::MAX_LEN).map(Self)
+    }
+}
+
+impl IdempotencyKey {
+    pub const MAX_LEN: usize = 255;
+
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s.is_empty() || s.len() > Self::MAX_LEN || !s.bytes().all(|b| (0x20..=0x7e).contains(&b))
+        {
+            return Err(format!(
+                "the Idempotency-Key header must be 1 to {} printable ASCII characters",
+                Self::MAX_LEN
+            ));
+        }
+        Ok(Self(s.to_owned()))
+    }
+}
+
+macro_rules! ulid_id {
+    ($(#[$meta:meta])* $name:ident, $prefix:literal) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(Ulid);
+
+        impl $name {
+            pub const PREFIX: &'static str = $prefix;
+
+            pub fn generate() -> Self {
+                Self(Ulid::new())
+            }
+
+            /// Accepts exactly the prefix followed by a 26-character ULID.
+            pub fn parse(s: &str) -> Option<Self> {
+                let rest = s.strip_prefix($prefix)?;
+                if rest.len() != 26 {
+                    return None;
+                }
+                Ulid::from_string(rest).ok().map(Self)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}{}", $prefix, self.0)
+            }
+        }
+    };
+}
+
+ulid_id!(
+    /// `res_` followed by a ULID.
+    ReservationId,
+    "res_"
+);
+ulid_id!(
+    /// `rf_` followed by a ULID.
+    RefundId,
+    "rf_"
+);
+ulid_id!(
+    /// `evt_` followed by a ULID.
+    EventId,
+    "evt_"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asset_ids_follow_the_pattern() {
+        assert!(AssetId::parse("EQ-88392").is_ok());
+        assert!(AssetId::parse("a").is_ok());
+        assert!(AssetId::parse(&"a".repeat(64)).is_ok());
+        assert!(AssetId::parse(&"a".repeat(65)).is_err());
+        assert!(AssetId::parse("").is_err());
+        assert!(AssetId::parse("-lead").is_err());
+        assert!(AssetId::parse("has space").is_err());
+        assert!(AssetId::parse("ünï").is_err());
+    }
+
+    #[test]
+    fn reservation_ids_round_trip_and_reject_others() {
+        let id = ReservationId::generate();
+        let text = id.to_string();
+        assert_eq!(text.len(), 30);
+        assert_eq!(ReservationId::parse(&text), Some(id));
+        assert_eq!(ReservationId::parse(&text.replace("res_", "rf_")), None);
+        assert_eq!(ReservationId::parse("res_short"), None);
+    }
+
+    #[test]
+    fn idempotency_keys_are_printable_ascii_up_to_255() {
+        assert!(IdempotencyKey::parse("k-1").is_ok());
+        assert!(IdempotencyKey::parse(&"k".repeat(255)).is_ok());
+        assert!(IdempotencyKey::parse(&"k".repeat(256)).is_err());
+        assert!(IdempotencyKey::parse("").is_err());
+        assert!(IdempotencyKey::parse("tab\there").is_err());
+        assert!(IdempotencyKey::parse("é").is_err());
+    }
+
+    #[test]
+    fn text_fields_count_characters_not_bytes() {
+        assert!(BuyerId::parse(&"é".repeat(64)).is_ok());
+        assert!(BuyerId::parse(&"é".repeat(65)).is_err());
+        assert!(PaymentReference::parse("pay\n1").is_err());
+    }
+}

@@ -1,0 +1,38 @@
+//! Pure rules of the service: identifiers, statuses, validation and the
+//! decisions that do not need the database. No I/O lives here.
+
+mod ids;
+mod model;
+mod rules;
+mod time;
+
+pub use ids::{
+    AssetId, BuyerId, EventId, IdempotencyKey, PaymentReference, RefundId, ReservationId,
+};
+pub use model::{
+    Asset, AssetStatus, Event, EventType, Refund, RefundReason, RefundStatus, Reservation,
+    ReservationStatus,
+};
+pub use rules::{
+    commit_decision, hold_decision, release_decision, CommitDecision, HoldBounds, HoldDecision,
+    ReleaseDecision,
+};
+pub use time::{format_timestamp, Timestamp};
+
+/// One field that failed validation, reported to the client as is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct FieldError {
+    /// The JSON member (or query parameter) at fault.
+    pub field: String,
+    /// What is wrong with it, in words a developer can act on.
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,192 @@
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::time::{serde_ts, Timestamp};
+
+macro_rules! text_enum {
+    ($(#[$meta:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, ToSchema)]
+        pub enum $name {
+            $(#[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+
+            pub fn parse(s: &str) -> Option<Self> {
+                match s {
+                    $($text => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+text_enum!(
+    /// The effective status of an asset.
+    AssetStatus { Available => "AVAILABLE", Held => "HELD", Sold => "SOLD" }
+);
+text_enum!(
+    /// The effective status of a reservation; all but HELD are terminal.
+    ReservationStatus {
+        Held => "HELD",
+        Committed => "COMMITTED",
+        Released => "RELEASED",
+        Expired => "EXPIRED",
+    }
+);
+text_enum!(
+    /// Why a payment is to be given back.
+    RefundReason {
+        HoldExpired => "HOLD_EXPIRED",
+        ReservationReleased => "RESERVATION_RELEASED",
+        AlreadyCommitted => "ALREADY_COMMITTED",
+    }
+);
+text_enum!(
+    /// REQUESTED until the payment system reports the refund done.
+    RefundStatus { Requested => "REQUESTED", Completed => "COMPLETED" }
+);
+text_enum!(
+    /// What an event reports.
+    EventType {
+        ReservationHeld => "reservation.held",
+        ReservationCommitted => "reservation.committed",
+        ReservationReleased => "reservation.released",
+        ReservationExpired => "reservation.expired",
+        RefundRequested => "refund.requested",
+    }
+);
+
+/// A one-of-a-kind asset as clients see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Asset {
+    /// Chosen by the operator.
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "EQ-88392")]
+    pub id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        example = "Caterpillar 320 excavator"
+    )]
+    pub name: String,
+    /// The effective status: a lapsed hold reads AVAILABLE.
+    pub status: AssetStatus,
+    /// Set while HELD.
+    #[serde(serialize_with = "serde_ts::option::serialize")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub hold_expires_at: Option<Timestamp>,
+    /// Set while HELD or SOLD.
+    pub current_reservation_id: Option<String>,
+    /// Grows by one on every state change of the asset.
+    #[schema(minimum = 1)]
+    pub version: i64,
+    #[serde(serialize_with = "serde_ts::serialize")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Timestamp,
+    #[serde(serialize_with = "serde_ts::serialize")]
+    #[schema(value_type = String, format = DateTime)]
+    pub updated_at: Timestamp,
+}
+
+impl Asset {
+    /// Applies the expiry rule to a stored row read at `now`.
+    pub fn effective(mut self, now: Timestamp) -> Self {
+        if self.status == AssetStatus::Held && self.hold_expires_at.is_none_or(|e| e <= now) {
+            self.status = AssetStatus::Available;
+            self.hold_expires_at = None;
+            self.current_reservation_id = None;
+        }
+        self
+    }
+}
+
+/// A buyer's hold on an asset and what became of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Reservation {
+    #[schema(
+        pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$",
+        example = "res_01HZX49R8T39QK6G7Y1W2V3N4P"
+    )]
+    pub reservation_id: String,
+    pub asset_id: String,
+    pub buyer_id: String,
+    /// The effective status: a lapsed hold reads EXPIRED.
+    pub status: ReservationStatus,
+    #[serde(serialize_with = "serde_ts::serialize")]
+    #[schema(value_type = String, format = DateTime)]
+    pub expires_at: Timestamp,
+    #[serde(serialize_with = "serde_ts::serialize")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Timestamp,
+    #[serde(serialize_with = "serde_ts::option::serialize")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub committed_at: Option<Timestamp>,
+    #[serde(serialize_with = "serde_ts::option::serialize")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub released_at: Option<Timestamp>,
+    pub payment_reference: Option<String>,
+    /// Every refund triggered for this reservation, oldest first.
+    pub refunds: Vec<Refund>,
+}
+
+impl Reservation {
+    /// Applies the expiry rule to a stored row read at `now`.
+    pub fn effective(mut self, now: Timestamp) -> Self {
+        if self.status == ReservationStatus::Held && self.expires_at <= now {
+            self.status = ReservationStatus::Expired;
+        }
+        self
+    }
+}
+
+/// A payment that holdfast could not honour and asks the payment system to give back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Refund {
+    #[schema(
+        pattern = "^rf_[0-9A-HJKMNP-TV-Z]{26}$",
+        example = "rf_01HZX4B2Q7C3M9D8E6F5G4H3J2"
+    )]
+    pub refund_id: String,
+    pub reservation_id: String,
+    pub asset_id: String,
+    pub payment_reference: String,
+    pub reason: RefundReason,
+    pub status: RefundStatus,
+    #[serde(serialize_with = "serde_ts::serialize")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Timestamp,
+}
+
+/// One entry of an asset's timeline, written in the same transaction as the change.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Event {
+    #[schema(example = "evt_01HZX4C6W0R1T2Y3U4I5O6P7A8")]
+    pub id: String,
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    pub asset_id: String,
+    /// 1, 2, 3 … in commit order for this asset.
+    #[schema(minimum = 1)]
+    pub sequence: i64,
+    #[serde(serialize_with = "serde_ts::serialize")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Timestamp,
+    /// The reservation or refund as the API showed it at that moment.
+    #[schema(value_type = Object)]
+    pub data: Box<serde_json::value::RawValue>,
+}

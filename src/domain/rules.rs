@@ -1,0 +1,199 @@
+use super::model::{AssetStatus, RefundReason, ReservationStatus};
+use super::time::Timestamp;
+
+/// The configured bounds of `hold_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldBounds {
+    pub default: i64,
+    pub min: i64,
+    pub max: i64,
+}
+
+impl HoldBounds {
+    /// The hold length a request asks for, or the default.
+    pub fn hold_seconds(&self, requested: Option<i64>) -> Result<i64, String> {
+        match requested {
+            None => Ok(self.default),
+            Some(s) if (self.min..=self.max).contains(&s) => Ok(s),
+            Some(_) => Err(format!(
+                "must be an integer from {} to {}",
+                self.min, self.max
+            )),
+        }
+    }
+}
+
+/// What a hold request must do, judged from a consistent read of the asset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldDecision {
+    NotFound,
+    /// Taken: the answer is 409 and nothing is written.
+    Unavailable {
+        status: AssetStatus,
+        hold_expires_at: Option<Timestamp>,
+    },
+    /// The asset is AVAILABLE: claim it.
+    Claim,
+    /// The asset's hold has lapsed: expire it and claim the asset in one transaction.
+    Reclaim,
+}
+
+pub fn hold_decision(
+    stored: Option<(AssetStatus, Option<Timestamp>)>,
+    now: Timestamp,
+) -> HoldDecision {
+    match stored {
+        None => HoldDecision::NotFound,
+        Some((AssetStatus::Available, _)) => HoldDecision::Claim,
+        Some((AssetStatus::Held, Some(expiry))) if expiry <= now => HoldDecision::Reclaim,
+        Some((status, hold_expires_at)) => HoldDecision::Unavailable {
+            status,
+            hold_expires_at,
+        },
+    }
+}
+
+/// What a commit must do, by the reservation's effective status (CONTRACT.md's commit table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitDecision {
+    /// A live hold: try to sell the asset.
+    Commit,
+    /// Already committed with this payment: answer 200 with the reservation.
+    AlreadyCommittedWithThisPayment,
+    /// The payment cannot be honoured: refund it and answer 409.
+    Refuse(RefundReason),
+}
+
+pub fn commit_decision(
+    status: ReservationStatus,
+    committed_payment: Option<&str>,
+    payment: &str,
+) -> CommitDecision {
+    match status {
+        ReservationStatus::Held => CommitDecision::Commit,
+        ReservationStatus::Expired => CommitDecision::Refuse(RefundReason::HoldExpired),
+        ReservationStatus::Released => CommitDecision::Refuse(RefundReason::ReservationReleased),
+        ReservationStatus::Committed if committed_payment == Some(payment) => {
+            CommitDecision::AlreadyCommittedWithThisPayment
+        }
+        ReservationStatus::Committed => CommitDecision::Refuse(RefundReason::AlreadyCommitted),
+    }
+}
+
+/// What a release must do, by the reservation's effective status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseDecision {
+    Release,
+    /// Released before: 200, nothing changes.
+    AlreadyReleased,
+    /// Committed or expired: 409 RESERVATION_NOT_ACTIVE.
+    NotActive,
+}
+
+pub fn release_decision(status: ReservationStatus) -> ReleaseDecision {
+    match status {
+        ReservationStatus::Held => ReleaseDecision::Release,
+        ReservationStatus::Released => ReleaseDecision::AlreadyReleased,
+        ReservationStatus::Committed | ReservationStatus::Expired => ReleaseDecision::NotActive,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{Duration, TimeZone, Utc};
+
+    fn now() -> Timestamp {
+        Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0).unwrap()
+    }
+
+    #[test]
+    fn hold_seconds_default_and_bounds() {
+        let b = HoldBounds {
+            default: 600,
+            min: 30,
+            max: 3600,
+        };
+        assert_eq!(b.hold_seconds(None), Ok(600));
+        assert_eq!(b.hold_seconds(Some(30)), Ok(30));
+        assert_eq!(b.hold_seconds(Some(3600)), Ok(3600));
+        assert!(b.hold_seconds(Some(29)).is_err());
+        assert!(b.hold_seconds(Some(3601)).is_err());
+    }
+
+    #[test]
+    fn hold_decisions_follow_effective_status() {
+        let later = now() + Duration::seconds(5);
+        let earlier = now() - Duration::seconds(5);
+        assert_eq!(hold_decision(None, now()), HoldDecision::NotFound);
+        assert_eq!(
+            hold_decision(Some((AssetStatus::Available, None)), now()),
+            HoldDecision::Claim
+        );
+        assert_eq!(
+            hold_decision(Some((AssetStatus::Held, Some(earlier))), now()),
+            HoldDecision::Reclaim
+        );
+        assert_eq!(
+            hold_decision(Some((AssetStatus::Held, Some(now()))), now()),
+            HoldDecision::Reclaim
+        );
+        assert_eq!(
+            hold_decision(Some((AssetStatus::Held, Some(later))), now()),
+            HoldDecision::Unavailable {
+                status: AssetStatus::Held,
+                hold_expires_at: Some(later)
+            }
+        );
+        assert_eq!(
+            hold_decision(Some((AssetStatus::Sold, None)), now()),
+            HoldDecision::Unavailable {
+                status: AssetStatus::Sold,
+                hold_expires_at: None
+            }
+        );
+    }
+
+    #[test]
+    fn commit_table() {
+        use CommitDecision::*;
+        use ReservationStatus::*;
+        assert_eq!(commit_decision(Held, None, "p"), Commit);
+        assert_eq!(
+            commit_decision(Expired, None, "p"),
+            Refuse(RefundReason::HoldExpired)
+        );
+        assert_eq!(
+            commit_decision(Released, None, "p"),
+            Refuse(RefundReason::ReservationReleased)
+        );
+        assert_eq!(
+            commit_decision(Committed, Some("p"), "p"),
+            AlreadyCommittedWithThisPayment
+        );
+        assert_eq!(
+            commit_decision(Committed, Some("q"), "p"),
+            Refuse(RefundReason::AlreadyCommitted)
+        );
+    }
+
+    #[test]
+    fn release_table() {
+        assert_eq!(
+            release_decision(ReservationStatus::Held),
+            ReleaseDecision::Release
+        );
+        assert_eq!(
+            release_decision(ReservationStatus::Released),
+            ReleaseDecision::AlreadyReleased
+        );
+        assert_eq!(
+            release_decision(ReservationStatus::Committed),
+            ReleaseDecision::NotActive
+        );
+        assert_eq!(
+            release_decision(ReservationStatus::Expired),
+            ReleaseDecision::NotActive
+        );
+    }
+}

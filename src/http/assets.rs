@@ -1,0 +1,262 @@
+//! Assets: create, read, list, timeline.
+
+use actix_web::{get, post, web, HttpResponse};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::error::{respond, ApiError};
+use super::extract::{JsonBody, Validator};
+use super::{AppState, ProblemBody};
+use crate::domain::{Asset, AssetId, AssetStatus, Event};
+use crate::reply::{self, ErrorCode, Problem, Reply};
+use crate::store::AssetPage;
+
+/// A new asset.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAssetRequest {
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "EQ-88392")]
+    pub id: String,
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        example = "Caterpillar 320 excavator"
+    )]
+    pub name: String,
+}
+
+const NAME_MAX: usize = 255;
+
+fn parse_name(name: &str) -> Result<String, String> {
+    let n = name.chars().count();
+    if n == 0 || n > NAME_MAX || name.trim().is_empty() {
+        return Err(format!(
+            "must be 1 to {NAME_MAX} characters, not only spaces"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(name.to_owned())
+}
+
+/// Create an asset.
+#[utoipa::path(
+    tag = "assets",
+    operation_id = "create_asset",
+    request_body = CreateAssetRequest,
+    responses(
+        (status = 201, description = "Created", body = Asset,
+         headers(("Location" = String, description = "The new asset's URL"))),
+        (status = 400, description = "Body is not a JSON object", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "ASSET_EXISTS", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "VALIDATION_FAILED", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+#[post("/v1/assets")]
+pub async fn create_asset(
+    state: web::Data<AppState>,
+    body: JsonBody<CreateAssetRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let mut v = Validator::default();
+    let id = v.check("id", AssetId::parse(&body.value.id));
+    let name = v.check("name", parse_name(&body.value.name));
+    v.finish()?;
+    let (Some(id), Some(name)) = (id, name) else {
+        return Err(ApiError::new(ErrorCode::ValidationFailed, "invalid asset"));
+    };
+    match state.store.create_asset(&id, &name).await? {
+        Some(asset) => {
+            let mut reply = Reply::json(201, &asset);
+            reply.location = Some(format!("/v1/assets/{}", asset.id));
+            Ok(respond(reply))
+        }
+        None => Err(Problem::new(
+            ErrorCode::AssetExists,
+            "An asset with this id already exists.",
+        )
+        .into()),
+    }
+}
+
+/// Read an asset with its effective status.
+#[utoipa::path(
+    tag = "assets",
+    operation_id = "get_asset",
+    params(("asset_id" = String, Path, description = "The asset's id")),
+    responses(
+        (status = 200, description = "The asset", body = Asset),
+        (status = 404, description = "ASSET_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+#[get("/v1/assets/{asset_id}")]
+pub async fn get_asset(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    match state.store.get_asset(&id).await? {
+        Some(asset) => Ok(respond(Reply::json(200, &asset))),
+        None => Err(reply::asset_not_found().into()),
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListAssetsQuery {
+    /// Only assets with this effective status.
+    #[param(value_type = Option<AssetStatus>)]
+    pub status: Option<String>,
+    /// Page size, 1 to 500 (default 50).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
+    pub limit: Option<String>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// One page of assets.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AssetList {
+    pub items: Vec<Asset>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+const LIMIT_DEFAULT: i64 = 50;
+const LIMIT_MAX: i64 = 500;
+
+/// List assets in id order, optionally by effective status (keyset paging).
+#[utoipa::path(
+    tag = "assets",
+    operation_id = "list_assets",
+    params(ListAssetsQuery),
+    responses(
+        (status = 200, description = "One page of assets", body = AssetList),
+        (status = 422, description = "VALIDATION_FAILED", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+#[get("/v1/assets")]
+pub async fn list_assets(
+    state: web::Data<AppState>,
+    query: web::Query<ListAssetsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let mut v = Validator::default();
+    let status = v
+        .check(
+            "status",
+            query
+                .status
+                .as_deref()
+                .map(|s| {
+                    AssetStatus::parse(s)
+                        .ok_or_else(|| "must be AVAILABLE, HELD or SOLD".to_owned())
+                })
+                .transpose(),
+        )
+        .flatten();
+    let limit = v
+        .check(
+            "limit",
+            match query.limit.as_deref() {
+                None => Ok(LIMIT_DEFAULT),
+                Some(l) => l
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| (1..=LIMIT_MAX).contains(n))
+                    .ok_or_else(|| format!("must be an integer from 1 to {LIMIT_MAX}")),
+            },
+        )
+        .unwrap_or(LIMIT_DEFAULT);
+    let after = v
+        .check(
+            "cursor",
+            query.cursor.as_deref().map(decode_cursor).transpose(),
+        )
+        .flatten();
+    v.finish()?;
+    let mut items = state
+        .store
+        .list_assets(&AssetPage {
+            status,
+            after,
+            limit: limit + 1,
+        })
+        .await?;
+    let next_cursor = if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        items.last().map(|a| encode_cursor(&a.id))
+    } else {
+        None
+    };
+    Ok(respond(Reply::json(200, &AssetList { items, next_cursor })))
+}
+
+fn encode_cursor(last_id: &str) -> String {
+    URL_SAFE_NO_PAD.encode(last_id)
+}
+
+fn decode_cursor(cursor: &str) -> Result<String, String> {
+    URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .filter(|id| AssetId::parse(id).is_ok())
+        .ok_or_else(|| "is not a cursor this service issued".to_owned())
+}
+
+/// An asset's events.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventList {
+    /// Oldest first.
+    pub items: Vec<Event>,
+}
+
+/// The asset's timeline: every event, oldest first.
+#[utoipa::path(
+    tag = "assets",
+    operation_id = "list_asset_events",
+    params(("asset_id" = String, Path, description = "The asset's id")),
+    responses(
+        (status = 200, description = "The asset's events", body = EventList),
+        (status = 404, description = "ASSET_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+#[get("/v1/assets/{asset_id}/events")]
+pub async fn list_asset_events(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    match state.store.asset_events(&id).await? {
+        Some(items) => Ok(respond(Reply::json(200, &EventList { items }))),
+        None => Err(reply::asset_not_found().into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_reject_garbage() {
+        assert_eq!(decode_cursor(&encode_cursor("EQ-1")).unwrap(), "EQ-1");
+        assert!(decode_cursor("!!!").is_err());
+        assert!(decode_cursor(&URL_SAFE_NO_PAD.encode("bad id")).is_err());
+    }
+
+    #[test]
+    fn names() {
+        assert!(parse_name("Lot 7").is_ok());
+        assert!(parse_name("").is_err());
+        assert!(parse_name("   ").is_err());
+        assert!(parse_name(&"x".repeat(256)).is_err());
+    }
+}

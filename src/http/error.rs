@@ -1,0 +1,101 @@
+//! Problem+json answers (RFC 9457) and the one place where failures become statuses.
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+
+use crate::reply::{self, ErrorCode, Problem, Reply};
+use crate::store::StoreError;
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Seconds a client should wait before retrying a 503.
+const RETRY_AFTER_SECONDS: &str = "1";
+
+/// Everything a handler can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{}: {}", .0.code.as_str(), .0.message)]
+    Problem(Problem),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<Problem> for ApiError {
+    fn from(p: Problem) -> Self {
+        ApiError::Problem(p)
+    }
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError::Problem(Problem::new(code, message))
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::Problem(p) => {
+                StatusCode::from_u16(p.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }
+            ApiError::Store(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let problem = match self {
+            ApiError::Problem(p) => p.clone(),
+            ApiError::Store(e) if e.is_unavailable() => {
+                tracing::warn!(error = %e, "database unavailable");
+                reply::service_unavailable()
+            }
+            ApiError::Store(e) => {
+                tracing::error!(error = %error_chain(e), "request failed");
+                Problem::new(
+                    ErrorCode::Internal,
+                    "An internal error occurred; nothing about it is shown here.",
+                )
+            }
+        };
+        respond(problem.into_reply())
+    }
+}
+
+/// The error and its causes, for the log only.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Sends a reply: its status, its exact body, Location, and the replay mark.
+pub fn respond(reply: Reply) -> HttpResponse {
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::build(status);
+    response.content_type(if reply.problem {
+        PROBLEM_JSON
+    } else {
+        "application/json"
+    });
+    if let Some(location) = reply
+        .location
+        .as_deref()
+        .and_then(|l| HeaderValue::from_str(l).ok())
+    {
+        response.insert_header((header::LOCATION, location));
+    }
+    if reply.replayed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    if reply.status == 503 {
+        response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECONDS));
+    }
+    response.body(reply.body)
+}

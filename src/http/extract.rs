@@ -1,0 +1,299 @@
+//! Request parsing at the edge: bodies, the Idempotency-Key header, the caller.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use actix_web::dev::Payload;
+use actix_web::http::header;
+use actix_web::{web, FromRequest, HttpRequest};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::domain::{FieldError, IdempotencyKey};
+use crate::reply::{self, ErrorCode};
+use crate::store::Idempotency;
+
+/// The `Idempotency-Key` header, required on every reservation POST.
+pub struct IdempotencyKeyHeader(pub IdempotencyKey);
+
+impl FromRequest for IdempotencyKeyHeader {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let value = req.headers().get("Idempotency-Key");
+        let parsed = match value.map(|v| v.to_str()) {
+            None => Err("the Idempotency-Key header is required".to_owned()),
+            Some(Err(_)) => Err("the Idempotency-Key header must be printable ASCII".to_owned()),
+            Some(Ok(text)) => IdempotencyKey::parse(text),
+        };
+        std::future::ready(
+            parsed
+                .map(IdempotencyKeyHeader)
+                .map_err(|m| ApiError::new(ErrorCode::IdempotencyKeyInvalid, m)),
+        )
+    }
+}
+
+/// Who is calling: the scope of idempotency keys. Without API keys there is
+/// one shared scope.
+pub struct Caller {
+    pub scope: String,
+}
+
+impl FromRequest for Caller {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, ApiError>>;
+
+    fn from_request(_: &HttpRequest, _: &mut Payload) -> Self::Future {
+        std::future::ready(Ok(Caller {
+            scope: String::from("-"),
+        }))
+    }
+}
+
+impl Caller {
+    /// Binds the key to this exact request: method, route, path parameters
+    /// and the canonical JSON body.
+    pub fn idempotency(
+        &self,
+        key: IdempotencyKeyHeader,
+        req: &HttpRequest,
+        canonical_body: &str,
+    ) -> Idempotency {
+        let mut hash = Sha256::new();
+        hash.update(req.method().as_str());
+        hash.update([0]);
+        hash.update(req.match_pattern().unwrap_or_default());
+        for (name, value) in req.match_info().iter() {
+            hash.update([0]);
+            hash.update(name);
+            hash.update([b'=']);
+            hash.update(value);
+        }
+        hash.update([0]);
+        hash.update(canonical_body);
+        let digest = hash.finalize();
+        let fingerprint = digest.iter().map(|b| format!("{b:02x}")).collect();
+        Idempotency {
+            scope: self.scope.clone(),
+            key: key.0,
+            fingerprint,
+        }
+    }
+}
+
+/// A JSON object body parsed into `T`, plus its canonical text (sorted keys,
+/// no whitespace) for fingerprints. With `OPTIONAL`, an empty body reads as `{}`.
+pub struct JsonBody<T, const OPTIONAL: bool = false> {
+    pub value: T,
+    pub canonical: String,
+}
+
+impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest for JsonBody<T, OPTIONAL> {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let limit = req
+            .app_data::<web::Data<AppState>>()
+            .map(|s| s.config.max_body_bytes)
+            .unwrap_or(16 * 1024);
+        let declared_too_large = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .is_some_and(|n| n > limit);
+        let content_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap_or("?").to_owned());
+        let bytes = web::Bytes::from_request(req, payload);
+        Box::pin(async move {
+            if declared_too_large {
+                return Err(too_large(limit));
+            }
+            let bytes = bytes.await.map_err(|e| {
+                if e.as_response_error().status_code().as_u16() == 413 {
+                    too_large(limit)
+                } else {
+                    ApiError::new(
+                        ErrorCode::MalformedJson,
+                        "the request body could not be read",
+                    )
+                }
+            })?;
+            if bytes.len() > limit {
+                return Err(too_large(limit));
+            }
+            let value: Value = if bytes.is_empty() {
+                if !OPTIONAL {
+                    return Err(ApiError::new(
+                        ErrorCode::MalformedJson,
+                        "a JSON object body is required",
+                    ));
+                }
+                Value::Object(Default::default())
+            } else {
+                if !content_type.as_deref().is_some_and(is_json) {
+                    return Err(ApiError::new(
+                        ErrorCode::UnsupportedMediaType,
+                        "the body must be sent as Content-Type: application/json",
+                    ));
+                }
+                serde_json::from_slice(&bytes).map_err(|e| {
+                    ApiError::new(
+                        ErrorCode::MalformedJson,
+                        format!("the body is not valid JSON: {e}"),
+                    )
+                })?
+            };
+            if !value.is_object() {
+                return Err(ApiError::new(
+                    ErrorCode::MalformedJson,
+                    "the body must be a JSON object",
+                ));
+            }
+            let canonical = canonical_json(&value);
+            let parsed = serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
+                let field = match e.path().to_string() {
+                    p if p == "." => field_from_message(&e.inner().to_string()),
+                    p => p,
+                };
+                ApiError::from(reply::validation_failed(vec![FieldError::new(
+                    field,
+                    clean_message(&e.inner().to_string()),
+                )]))
+            })?;
+            Ok(JsonBody {
+                value: parsed,
+                canonical,
+            })
+        })
+    }
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        ErrorCode::PayloadTooLarge,
+        format!("the body is larger than {limit} bytes"),
+    )
+}
+
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("application/json")
+}
+
+/// serde names a missing or unknown member in its message, not its path.
+fn field_from_message(message: &str) -> String {
+    message
+        .split('`')
+        .nth(1)
+        .map(str::to_owned)
+        .unwrap_or_else(|| String::from("body"))
+}
+
+fn clean_message(message: &str) -> String {
+    message.replace('`', "'")
+}
+
+/// JSON with object keys sorted at every level and no insignificant whitespace.
+pub fn canonical_json(value: &Value) -> String {
+    fn write(value: &Value, out: &mut String) {
+        match value {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    write(&map[k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(value, &mut out);
+    out
+}
+
+/// Collects field errors and fails with 422 when there are any.
+#[derive(Default)]
+pub struct Validator {
+    errors: Vec<FieldError>,
+}
+
+impl Validator {
+    pub fn check<T>(&mut self, field: &str, result: Result<T, String>) -> Option<T> {
+        match result {
+            Ok(v) => Some(v),
+            Err(message) => {
+                self.errors.push(FieldError::new(field, message));
+                None
+            }
+        }
+    }
+
+    pub fn finish(self) -> Result<(), ApiError> {
+        if self.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(reply::validation_failed(self.errors).into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_level() {
+        let a: Value =
+            serde_json::from_str(r#"{"b": 1, "a": {"y": [1, {"d": 2, "c": 3}], "x": "é"}}"#)
+                .unwrap();
+        assert_eq!(
+            canonical_json(&a),
+            r#"{"a":{"x":"é","y":[1,{"c":3,"d":2}]},"b":1}"#
+        );
+    }
+
+    #[test]
+    fn json_media_types() {
+        assert!(is_json("application/json"));
+        assert!(is_json("Application/JSON; charset=utf-8"));
+        assert!(!is_json("text/plain"));
+        assert!(!is_json("application/jsonx"));
+    }
+
+    #[test]
+    fn field_names_come_out_of_serde_messages() {
+        assert_eq!(field_from_message("missing field `buyer_id`"), "buyer_id");
+        assert_eq!(
+            field_from_message("unknown field `hold`, expected one of `a`"),
+            "hold"
+        );
+        assert_eq!(field_from_message("something else"), "body");
+    }
+}

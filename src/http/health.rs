@@ -1,0 +1,52 @@
+//! Liveness and readiness.
+
+use std::time::Duration;
+
+use actix_web::{get, web, HttpResponse};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::error::{respond, ApiError};
+use super::{AppState, ProblemBody};
+use crate::reply::{self, Reply};
+
+/// How long readiness waits for the database.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    #[schema(example = "ok")]
+    pub status: &'static str,
+}
+
+/// The process is alive.
+#[utoipa::path(
+    tag = "operations",
+    operation_id = "get_health",
+    responses((status = 200, description = "Alive", body = Health))
+)]
+#[get("/healthz")]
+pub async fn healthz() -> HttpResponse {
+    respond(Reply::json(200, &Health { status: "ok" }))
+}
+
+/// The database answers: the service can take traffic.
+#[utoipa::path(
+    tag = "operations",
+    operation_id = "get_readiness",
+    responses(
+        (status = 200, description = "Ready", body = Health),
+        (status = 503, description = "SERVICE_UNAVAILABLE: the database does not answer", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+#[get("/readyz")]
+pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    match tokio::time::timeout(READY_TIMEOUT, state.store.ping()).await {
+        Ok(Ok(())) => Ok(respond(Reply::json(200, &Health { status: "ready" }))),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "not ready");
+            Err(reply::service_unavailable().into())
+        }
+        Err(_) => Err(reply::service_unavailable().into()),
+    }
+}

@@ -1,0 +1,214 @@
+//! The HTTP layer: parses and validates, calls one store use case, and maps
+//! its typed outcome to a status and body.
+
+mod assets;
+pub mod error;
+mod extract;
+mod health;
+mod reservations;
+
+use actix_web::dev::ResourceDef;
+use actix_web::http::{header, Method};
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Serialize;
+use utoipa::openapi::path::PathItem;
+use utoipa::openapi::OpenApi as OpenApiDoc;
+use utoipa::{OpenApi, ToSchema};
+use utoipa_actix_web::service_config::ServiceConfig;
+use utoipa_actix_web::AppExt;
+
+use crate::config::Config;
+use crate::domain::{AssetStatus, FieldError, Refund, Reservation};
+use crate::reply::{ErrorCode, Problem};
+use crate::store::Store;
+pub use error::{respond, ApiError, PROBLEM_JSON};
+pub use extract::canonical_json;
+
+/// What every handler can reach.
+pub struct AppState {
+    pub store: Store,
+    pub config: Config,
+    /// The OpenAPI document, rendered once.
+    pub openapi_json: String,
+}
+
+/// An RFC 9457 problem as holdfast sends it (`application/problem+json`).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(title = "Problem")]
+pub struct ProblemBody {
+    /// Always `about:blank`.
+    #[serde(rename = "type")]
+    #[schema(example = "about:blank")]
+    pub problem_type: String,
+    /// The HTTP reason phrase.
+    #[schema(example = "Conflict")]
+    pub title: String,
+    #[schema(example = 409)]
+    pub status: u16,
+    /// Stable machine-readable code; new codes may be added.
+    pub error_code: ErrorCode,
+    /// For humans; may change.
+    #[schema(example = "Asset is currently reserved by another buyer or already sold.")]
+    pub message: String,
+    /// VALIDATION_FAILED: the fields at fault.
+    #[schema(nullable = false)]
+    pub errors: Option<Vec<FieldError>>,
+    /// ASSET_UNAVAILABLE: HELD or SOLD.
+    #[schema(nullable = false)]
+    pub asset_status: Option<AssetStatus>,
+    /// ASSET_UNAVAILABLE while HELD: when the hold lapses.
+    #[schema(value_type = Option<String>, format = DateTime, nullable = false)]
+    pub hold_expires_at: Option<String>,
+    /// Every 409 about a reservation: its current state.
+    #[schema(nullable = false)]
+    pub reservation: Option<Reservation>,
+    /// A commit that could not be honoured: the refund it triggered.
+    #[schema(nullable = false)]
+    pub refund: Option<Refund>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "holdfast",
+        description = "Hold-and-commit reservations for one-of-a-kind assets: a buyer holds, the payment system commits, an abandoned hold comes back by itself.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    tags(
+        (name = "assets", description = "One-of-a-kind assets and their timelines"),
+        (name = "reservations", description = "Holds, commits and releases"),
+        (name = "operations", description = "Health of the service"),
+    ),
+    components(schemas(ProblemBody, ErrorCode))
+)]
+struct ApiDoc;
+
+/// Every route of the API; the router and the OpenAPI document both come from here.
+pub fn configure(cfg: &mut ServiceConfig) {
+    cfg.service(assets::create_asset)
+        .service(assets::list_assets)
+        .service(assets::get_asset)
+        .service(assets::list_asset_events)
+        .service(reservations::hold_asset)
+        .service(reservations::get_reservation)
+        .service(reservations::commit_reservation)
+        .service(reservations::release_reservation)
+        .service(health::healthz)
+        .service(health::readyz);
+}
+
+/// The OpenAPI document of this build.
+pub fn openapi() -> OpenApiDoc {
+    let (_, mut api) = actix_web::App::new()
+        .into_utoipa_app()
+        .openapi(ApiDoc::openapi())
+        .configure(configure)
+        .split_for_parts();
+    api.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    api
+}
+
+/// Builds the application for one worker.
+pub fn app(
+    state: web::Data<AppState>,
+    routes: web::Data<RouteTable>,
+) -> actix_web::App<
+    impl actix_web::dev::ServiceFactory<
+        actix_web::dev::ServiceRequest,
+        Config = (),
+        Response = actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
+    let limit = state.config.max_body_bytes;
+    let (app, _) = actix_web::App::new()
+        .into_utoipa_app()
+        .configure(configure)
+        .split_for_parts();
+    app.app_data(state)
+        .app_data(routes)
+        .app_data(web::PayloadConfig::new(limit))
+        .app_data(web::QueryConfig::default().error_handler(|e, _| {
+            ApiError::from(crate::reply::validation_failed(vec![FieldError::new(
+                "query",
+                e.to_string(),
+            )]))
+            .into()
+        }))
+        .app_data(
+            web::PathConfig::default().error_handler(|_, _| {
+                ApiError::new(ErrorCode::NotFound, "No such resource.").into()
+            }),
+        )
+        .route("/openapi.json", web::get().to(openapi_json))
+        .default_service(web::to(fallback))
+}
+
+async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(state.openapi_json.clone())
+}
+
+/// Known paths and their methods, so an unknown method gets 405 with `Allow`.
+pub struct RouteTable {
+    routes: Vec<(ResourceDef, Vec<Method>)>,
+}
+
+impl RouteTable {
+    pub fn from_openapi(api: &OpenApiDoc) -> Self {
+        let mut routes: Vec<(ResourceDef, Vec<Method>)> = api
+            .paths
+            .paths
+            .iter()
+            .map(|(path, item)| (ResourceDef::new(path.as_str()), methods(item)))
+            .collect();
+        routes.push((ResourceDef::new("/openapi.json"), vec![Method::GET]));
+        Self { routes }
+    }
+
+    fn allowed(&self, path: &str) -> Option<&[Method]> {
+        self.routes
+            .iter()
+            .find(|(def, _)| def.is_match(path))
+            .map(|(_, m)| m.as_slice())
+    }
+}
+
+fn methods(item: &PathItem) -> Vec<Method> {
+    [
+        (Method::GET, item.get.is_some()),
+        (Method::POST, item.post.is_some()),
+        (Method::PUT, item.put.is_some()),
+        (Method::PATCH, item.patch.is_some()),
+        (Method::DELETE, item.delete.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(m, present)| present.then_some(m))
+    .collect()
+}
+
+async fn fallback(req: HttpRequest, routes: web::Data<RouteTable>) -> HttpResponse {
+    match routes.allowed(req.path()) {
+        Some(methods) => {
+            let allow = methods
+                .iter()
+                .map(Method::as_str)
+                .collect::<Vec<_>>()
+                .join(", ");
+            let mut response = respond(
+                Problem::new(
+                    ErrorCode::MethodNotAllowed,
+                    format!("{} is not allowed here; use {allow}.", req.method()),
+                )
+                .into_reply(),
+            );
+            if let Ok(value) = header::HeaderValue::from_str(&allow) {
+                response.headers_mut().insert(header::ALLOW, value);
+            }
+            response
+        }
+        None => respond(Problem::new(ErrorCode::NotFound, "No such route.").into_reply()),
+    }
+}

@@ -1,0 +1,228 @@
+//! Reservations: hold, read, commit, release. Every POST takes an Idempotency-Key.
+
+use actix_web::{get, post, web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use super::error::{respond, ApiError};
+use super::extract::{Caller, IdempotencyKeyHeader, JsonBody, Validator};
+use super::{AppState, ProblemBody};
+use crate::domain::{AssetId, BuyerId, PaymentReference, Reservation, ReservationId};
+use crate::reply::{self, Reply};
+use crate::store::{
+    CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, ReleaseOutcome, ReleaseRequest,
+};
+
+/// A buyer's request to hold an asset.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HoldAssetRequest {
+    #[schema(min_length = 1, max_length = 64, example = "buyer-4411")]
+    pub buyer_id: String,
+    /// Hold length in seconds within the configured bounds (default 30..3600); default 600.
+    #[schema(minimum = 1, example = 600)]
+    pub hold_seconds: Option<i64>,
+}
+
+/// The payment system's confirmation.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CommitReservationRequest {
+    #[schema(min_length = 1, max_length = 128, example = "pay_7Hq2x9")]
+    pub payment_reference: String,
+}
+
+/// Release takes no body, or `{}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseReservationRequest {}
+
+fn reservation_id(path: &str) -> Result<ReservationId, ApiError> {
+    ReservationId::parse(path).ok_or_else(|| reply::reservation_not_found().into())
+}
+
+/// Hold an asset for a buyer. One winner per asset; everyone else gets 409 at once.
+#[utoipa::path(
+    tag = "reservations",
+    operation_id = "hold_asset",
+    params(
+        ("asset_id" = String, Path, description = "The asset to hold"),
+        ("Idempotency-Key" = String, Header, description = "Makes the request safe to retry: 1 to 255 printable ASCII characters, unique per request"),
+    ),
+    request_body = HoldAssetRequest,
+    responses(
+        (status = 201, description = "Held", body = Reservation,
+         headers(("Location" = String, description = "The reservation's URL"))),
+        (status = 200, description = "Replay of an earlier 201 with the same key", body = Reservation,
+         headers(("Idempotent-Replayed" = String, description = "true"), ("Location" = String, description = "The reservation's URL"))),
+        (status = 400, description = "MALFORMED_JSON or IDEMPOTENCY_KEY_INVALID", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "ASSET_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "ASSET_UNAVAILABLE (with asset_status and hold_expires_at)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "PAYLOAD_TOO_LARGE", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "UNSUPPORTED_MEDIA_TYPE", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "VALIDATION_FAILED or IDEMPOTENCY_KEY_REUSED", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "SERVICE_UNAVAILABLE", body = ProblemBody, content_type = "application/problem+json",
+         headers(("Retry-After" = String, description = "Seconds to wait"))),
+    )
+)]
+#[post("/v1/assets/{asset_id}/reservations")]
+pub async fn hold_asset(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Caller,
+    key: IdempotencyKeyHeader,
+    path: web::Path<String>,
+    body: JsonBody<HoldAssetRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let mut v = Validator::default();
+    let buyer_id = v.check("buyer_id", BuyerId::parse(&body.value.buyer_id));
+    let hold_seconds = v.check(
+        "hold_seconds",
+        state
+            .config
+            .hold_bounds()
+            .hold_seconds(body.value.hold_seconds),
+    );
+    v.finish()?;
+    let (Some(buyer_id), Some(hold_seconds)) = (buyer_id, hold_seconds) else {
+        return Err(reply::validation_failed(Vec::new()).into());
+    };
+    let asset_id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    let request = HoldRequest {
+        asset_id,
+        buyer_id,
+        hold_seconds,
+        idempotency: caller.idempotency(key, &req, &body.canonical),
+    };
+    Ok(match state.store.hold(&request).await? {
+        HoldOutcome::Created(reply) | HoldOutcome::Replayed(reply) => respond(reply),
+        HoldOutcome::KeyReused => return Err(reply::key_reused().into()),
+        HoldOutcome::NotFound => return Err(reply::asset_not_found().into()),
+        HoldOutcome::Unavailable {
+            status,
+            hold_expires_at,
+        } => return Err(reply::asset_unavailable(status, hold_expires_at).into()),
+    })
+}
+
+/// Read a reservation with its effective status and refunds.
+#[utoipa::path(
+    tag = "reservations",
+    operation_id = "get_reservation",
+    params(("reservation_id" = String, Path, description = "res_ followed by a ULID")),
+    responses(
+        (status = 200, description = "The reservation", body = Reservation),
+        (status = 404, description = "RESERVATION_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "SERVICE_UNAVAILABLE", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+#[get("/v1/reservations/{reservation_id}")]
+pub async fn get_reservation(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = reservation_id(&path)?;
+    match state.store.get_reservation(&id).await? {
+        Some(r) => Ok(respond(Reply::json(200, &r))),
+        None => Err(reply::reservation_not_found().into()),
+    }
+}
+
+/// Commit a hold once paid: the asset is SOLD. A payment that cannot be
+/// honoured is answered 409 with the refund it triggered.
+#[utoipa::path(
+    tag = "reservations",
+    operation_id = "commit_reservation",
+    params(
+        ("reservation_id" = String, Path, description = "res_ followed by a ULID"),
+        ("Idempotency-Key" = String, Header, description = "Makes the request safe to retry: 1 to 255 printable ASCII characters, unique per request"),
+    ),
+    request_body = CommitReservationRequest,
+    responses(
+        (status = 200, description = "COMMITTED (or already committed with this payment, or a replay)", body = Reservation),
+        (status = 400, description = "MALFORMED_JSON or IDEMPOTENCY_KEY_INVALID", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "RESERVATION_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "HOLD_EXPIRED, RESERVATION_NOT_ACTIVE or ALREADY_COMMITTED (with refund and reservation), PAYMENT_REFERENCE_USED", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "PAYLOAD_TOO_LARGE", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "UNSUPPORTED_MEDIA_TYPE", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "VALIDATION_FAILED or IDEMPOTENCY_KEY_REUSED", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "SERVICE_UNAVAILABLE", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+#[post("/v1/reservations/{reservation_id}/commit")]
+pub async fn commit_reservation(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Caller,
+    key: IdempotencyKeyHeader,
+    path: web::Path<String>,
+    body: JsonBody<CommitReservationRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let mut v = Validator::default();
+    let payment = v.check(
+        "payment_reference",
+        PaymentReference::parse(&body.value.payment_reference),
+    );
+    v.finish()?;
+    let Some(payment_reference) = payment else {
+        return Err(reply::validation_failed(Vec::new()).into());
+    };
+    let request = CommitRequest {
+        reservation_id: reservation_id(&path)?,
+        payment_reference,
+        idempotency: caller.idempotency(key, &req, &body.canonical),
+    };
+    Ok(match state.store.commit(&request).await? {
+        CommitOutcome::Committed(reply)
+        | CommitOutcome::Refused(reply)
+        | CommitOutcome::Replayed(reply) => respond(reply),
+        CommitOutcome::AlreadyCommitted(r) => respond(reply::reservation_ok(&r)),
+        CommitOutcome::PaymentReferenceUsed(r) => {
+            respond(reply::payment_reference_used(&r).into_reply())
+        }
+        CommitOutcome::KeyReused => return Err(reply::key_reused().into()),
+        CommitOutcome::NotFound => return Err(reply::reservation_not_found().into()),
+    })
+}
+
+/// Release a hold: the asset is AVAILABLE at once.
+#[utoipa::path(
+    tag = "reservations",
+    operation_id = "release_reservation",
+    params(
+        ("reservation_id" = String, Path, description = "res_ followed by a ULID"),
+        ("Idempotency-Key" = String, Header, description = "Makes the request safe to retry: 1 to 255 printable ASCII characters, unique per request"),
+    ),
+    request_body(content = Option<ReleaseReservationRequest>, description = "No body, or {}"),
+    responses(
+        (status = 200, description = "RELEASED (or released before, or a replay)", body = Reservation),
+        (status = 400, description = "MALFORMED_JSON or IDEMPOTENCY_KEY_INVALID", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "RESERVATION_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "RESERVATION_NOT_ACTIVE (committed or expired)", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "PAYLOAD_TOO_LARGE", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 415, description = "UNSUPPORTED_MEDIA_TYPE", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "VALIDATION_FAILED or IDEMPOTENCY_KEY_REUSED", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "SERVICE_UNAVAILABLE", body = ProblemBody, content_type = "application/problem+json"),
+    )
+)]
+#[post("/v1/reservations/{reservation_id}/release")]
+pub async fn release_reservation(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Caller,
+    key: IdempotencyKeyHeader,
+    path: web::Path<String>,
+    body: JsonBody<ReleaseReservationRequest, true>,
+) -> Result<HttpResponse, ApiError> {
+    let request = ReleaseRequest {
+        reservation_id: reservation_id(&path)?,
+        idempotency: caller.idempotency(key, &req, &body.canonical),
+    };
+    Ok(match state.store.release(&request).await? {
+        ReleaseOutcome::Released(reply) | ReleaseOutcome::Replayed(reply) => respond(reply),
+        ReleaseOutcome::AlreadyReleased(r) => respond(reply::reservation_ok(&r)),
+        ReleaseOutcome::NotActive(r) => respond(reply::reservation_not_active(&r).into_reply()),
+        ReleaseOutcome::KeyReused => return Err(reply::key_reused().into()),
+        ReleaseOutcome::NotFound => return Err(reply::reservation_not_found().into()),
+    })
+}

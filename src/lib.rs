@@ -1,0 +1,112 @@
+//! holdfast: hold-and-commit reservations for one-of-a-kind assets.
+//!
+//! [`Application::build`] starts the whole service from a [`Config`], exactly
+//! as the binary does; tests use it with port 0.
+
+pub mod config;
+pub mod domain;
+pub mod http;
+pub mod janitor;
+pub mod reply;
+pub mod store;
+pub mod telemetry;
+
+use std::net::TcpListener;
+
+use actix_web::dev::Server;
+use actix_web::{web, HttpServer};
+
+pub use config::Config;
+use http::{AppState, RouteTable};
+pub use store::Store;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running service: its HTTP server and its janitor.
+pub struct Application {
+    server: Server,
+    port: u16,
+    store: Store,
+    janitor: Option<janitor::Janitor>,
+}
+
+impl Application {
+    /// Validates the settings, opens (and unless `migrate` is false, migrates)
+    /// the database, binds the listener and starts the janitor.
+    pub async fn build(config: Config, migrate: bool) -> Result<Self, StartError> {
+        config.validate()?;
+        let store = Store::open(&config).await?;
+        if migrate {
+            store.migrate().await?;
+        }
+        let listener = TcpListener::bind(config.bind).map_err(|source| StartError::Bind {
+            addr: config.bind,
+            source,
+        })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartError::Bind {
+                addr: config.bind,
+                source,
+            })?
+            .port();
+        let api = http::openapi();
+        let routes = web::Data::new(RouteTable::from_openapi(&api));
+        let janitor = config
+            .janitor_interval()
+            .map(|every| janitor::Janitor::start(store.clone(), every));
+        let workers = match config.workers {
+            0 => std::thread::available_parallelism().map_or(2, usize::from),
+            n => n,
+        };
+        let state = web::Data::new(AppState {
+            store: store.clone(),
+            openapi_json: api.to_pretty_json().unwrap_or_default(),
+            config,
+        });
+        let server = HttpServer::new(move || http::app(state.clone(), routes.clone()))
+            .workers(workers)
+            .listen(listener)
+            .map_err(|source| StartError::Bind {
+                addr: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
+                source,
+            })?
+            .run();
+        Ok(Self {
+            server,
+            port,
+            store,
+            janitor,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Serves until the server stops (SIGINT/SIGTERM), then stops the janitor.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let result = self.server.await;
+        if let Some(janitor) = self.janitor {
+            janitor.stop().await;
+        }
+        result
+    }
+}

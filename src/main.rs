@@ -1,0 +1,101 @@
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use holdfast::{janitor, telemetry, Application, Config, Store};
+
+/// Hold-and-commit reservations for one-of-a-kind assets.
+#[derive(Parser)]
+#[command(name = "holdfast", version, about)]
+struct Cli {
+    #[command(flatten)]
+    config: Config,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the API (the default).
+    Serve {
+        /// Do not migrate the database on start.
+        #[arg(long, env = "HOLDFAST_NO_MIGRATE")]
+        no_migrate: bool,
+    },
+    /// Migrate the database and exit.
+    Migrate,
+    /// Print the OpenAPI document.
+    Openapi,
+    /// Run the janitor: expire lapsed holds, purge old idempotency records.
+    Sweep {
+        /// One pass, then exit.
+        #[arg(long)]
+        once: bool,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.config.log_format);
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("holdfast: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let config = cli.config;
+    match cli.command.unwrap_or(Command::Serve { no_migrate: false }) {
+        Command::Serve { no_migrate } => {
+            let app = Application::build(config.clone(), !no_migrate)
+                .await
+                .map_err(|e| holdfast::http::error::error_chain(&e))?;
+            tracing::info!(
+                listen = %format!("http://{}:{}", config.bind.ip(), app.port()),
+                database = %app.store().describe(),
+                "holdfast is serving"
+            );
+            app.run_until_stopped()
+                .await
+                .map_err(|e| format!("server failed: {e}"))
+        }
+        Command::Migrate => {
+            let store = open(&config).await?;
+            store.migrate().await.map_err(|e| e.to_string())?;
+            println!("migrated {}", store.describe());
+            Ok(())
+        }
+        Command::Openapi => {
+            let doc = holdfast::http::openapi()
+                .to_pretty_json()
+                .map_err(|e| format!("cannot render the document: {e}"))?;
+            println!("{doc}");
+            Ok(())
+        }
+        Command::Sweep { once } => {
+            let store = open(&config).await?;
+            loop {
+                let report = janitor::run_once(&store).await.map_err(|e| e.to_string())?;
+                println!(
+                    "expired {} holds, purged {} idempotency records",
+                    report.expired, report.purged_keys
+                );
+                if once {
+                    return Ok(());
+                }
+                let every = config
+                    .janitor_interval()
+                    .unwrap_or(std::time::Duration::from_secs(30));
+                tokio::time::sleep(every).await;
+            }
+        }
+    }
+}
+
+async fn open(config: &Config) -> Result<Store, String> {
+    config.validate().map_err(|e| e.to_string())?;
+    Store::open(config).await.map_err(|e| e.to_string())
+}

@@ -1,0 +1,297 @@
+//! The bytes a request answers with. Built once, sent as is, and stored as is
+//! when the request changed something, so that a replay is byte-identical.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::domain::{
+    format_timestamp, AssetStatus, FieldError, Refund, RefundReason, Reservation, Timestamp,
+};
+
+/// An HTTP answer reduced to what idempotency stores: status, body, Location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub location: Option<String>,
+    pub problem: bool,
+    /// Set when this answer is a replay of a stored one.
+    pub replayed: bool,
+}
+
+impl Reply {
+    pub fn json(status: u16, value: &impl Serialize) -> Self {
+        Self {
+            status,
+            body: to_json(value),
+            location: None,
+            problem: false,
+            replayed: false,
+        }
+    }
+
+    /// A stored answer sent again: a stored 201 replays as 200.
+    pub fn replay(status: u16, body: String, location: Option<String>) -> Self {
+        Self {
+            status: if status == 201 { 200 } else { status },
+            problem: status >= 400,
+            body,
+            location,
+            replayed: true,
+        }
+    }
+}
+
+fn to_json(value: &impl Serialize) -> String {
+    // Serialising our own plain data types cannot fail: no maps with
+    // non-string keys, no failing Serialize impls.
+    serde_json::to_string(value).unwrap_or_else(|_| String::from("{}"))
+}
+
+macro_rules! error_codes {
+    ($($variant:ident => $status:literal, $text:literal;)+) => {
+        /// Every `error_code` the service can answer with.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
+        pub enum ErrorCode {
+            $(#[serde(rename = $text)] $variant),+
+        }
+
+        impl ErrorCode {
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $text),+ }
+            }
+
+            pub fn status(self) -> u16 {
+                match self { $(ErrorCode::$variant => $status),+ }
+            }
+        }
+    };
+}
+
+error_codes! {
+    MalformedJson => 400, "MALFORMED_JSON";
+    IdempotencyKeyInvalid => 400, "IDEMPOTENCY_KEY_INVALID";
+    Unauthenticated => 401, "UNAUTHENTICATED";
+    Forbidden => 403, "FORBIDDEN";
+    NotFound => 404, "NOT_FOUND";
+    AssetNotFound => 404, "ASSET_NOT_FOUND";
+    ReservationNotFound => 404, "RESERVATION_NOT_FOUND";
+    MethodNotAllowed => 405, "METHOD_NOT_ALLOWED";
+    AssetExists => 409, "ASSET_EXISTS";
+    AssetUnavailable => 409, "ASSET_UNAVAILABLE";
+    HoldExpired => 409, "HOLD_EXPIRED";
+    ReservationNotActive => 409, "RESERVATION_NOT_ACTIVE";
+    AlreadyCommitted => 409, "ALREADY_COMMITTED";
+    PaymentReferenceUsed => 409, "PAYMENT_REFERENCE_USED";
+    IdempotencyKeyInUse => 409, "IDEMPOTENCY_KEY_IN_USE";
+    HoldLimitReached => 409, "HOLD_LIMIT_REACHED";
+    PayloadTooLarge => 413, "PAYLOAD_TOO_LARGE";
+    UnsupportedMediaType => 415, "UNSUPPORTED_MEDIA_TYPE";
+    ValidationFailed => 422, "VALIDATION_FAILED";
+    IdempotencyKeyReused => 422, "IDEMPOTENCY_KEY_REUSED";
+    RateLimited => 429, "RATE_LIMITED";
+    Internal => 500, "INTERNAL";
+    ServiceUnavailable => 503, "SERVICE_UNAVAILABLE";
+}
+
+/// The reason phrase used as a problem's `title`.
+pub fn title(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        409 => "Conflict",
+        413 => "Content Too Large",
+        415 => "Unsupported Media Type",
+        422 => "Unprocessable Content",
+        429 => "Too Many Requests",
+        503 => "Service Unavailable",
+        _ => "Internal Server Error",
+    }
+}
+
+/// An RFC 9457 problem with our `error_code` and `message`, plus extra members.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub code: ErrorCode,
+    pub message: String,
+    pub extra: Map<String, Value>,
+}
+
+impl Problem {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            extra: Map::new(),
+        }
+    }
+
+    pub fn with(mut self, member: &str, value: impl Serialize) -> Self {
+        let value = serde_json::to_value(value).unwrap_or(Value::Null);
+        self.extra.insert(member.to_owned(), value);
+        self
+    }
+
+    pub fn status(&self) -> u16 {
+        self.code.status()
+    }
+
+    pub fn into_reply(self) -> Reply {
+        let status = self.status();
+        let mut body = Map::new();
+        body.insert("type".into(), Value::from("about:blank"));
+        body.insert("title".into(), Value::from(title(status)));
+        body.insert("status".into(), Value::from(status));
+        body.insert("error_code".into(), Value::from(self.code.as_str()));
+        body.insert("message".into(), Value::from(self.message));
+        body.extend(self.extra);
+        Reply {
+            status,
+            body: to_json(&body),
+            location: None,
+            problem: true,
+            replayed: false,
+        }
+    }
+}
+
+pub fn reservation_location(reservation: &Reservation) -> String {
+    format!("/v1/reservations/{}", reservation.reservation_id)
+}
+
+pub fn hold_created(reservation: &Reservation) -> Reply {
+    let mut reply = Reply::json(201, reservation);
+    reply.location = Some(reservation_location(reservation));
+    reply
+}
+
+pub fn reservation_ok(reservation: &Reservation) -> Reply {
+    Reply::json(200, reservation)
+}
+
+pub fn asset_unavailable(status: AssetStatus, hold_expires_at: Option<Timestamp>) -> Problem {
+    let mut p = Problem::new(
+        ErrorCode::AssetUnavailable,
+        "Asset is currently reserved by another buyer or already sold.",
+    )
+    .with("asset_status", status);
+    if let Some(e) = hold_expires_at {
+        p = p.with("hold_expires_at", format_timestamp(&e));
+    }
+    p
+}
+
+/// The 409 of a commit that could not be honoured, carrying its refund.
+pub fn commit_refused(reason: RefundReason, reservation: &Reservation, refund: &Refund) -> Problem {
+    let (code, message) = match reason {
+        RefundReason::HoldExpired => (
+            ErrorCode::HoldExpired,
+            "The hold expired before the commit; the payment is to be refunded.",
+        ),
+        RefundReason::ReservationReleased => (
+            ErrorCode::ReservationNotActive,
+            "The reservation was released; the payment is to be refunded.",
+        ),
+        RefundReason::AlreadyCommitted => (
+            ErrorCode::AlreadyCommitted,
+            "The reservation was already committed with another payment; this payment is to be refunded.",
+        ),
+    };
+    Problem::new(code, message)
+        .with("reservation", reservation)
+        .with("refund", refund)
+}
+
+pub fn payment_reference_used(reservation: &Reservation) -> Problem {
+    Problem::new(
+        ErrorCode::PaymentReferenceUsed,
+        "This payment_reference already committed another reservation.",
+    )
+    .with("reservation", reservation)
+}
+
+pub fn reservation_not_active(reservation: &Reservation) -> Problem {
+    Problem::new(
+        ErrorCode::ReservationNotActive,
+        format!(
+            "The reservation is {} and can no longer change.",
+            reservation.status
+        ),
+    )
+    .with("reservation", reservation)
+}
+
+pub fn key_reused() -> Problem {
+    Problem::new(
+        ErrorCode::IdempotencyKeyReused,
+        "This Idempotency-Key was already used for a different request.",
+    )
+}
+
+pub fn validation_failed(errors: Vec<FieldError>) -> Problem {
+    Problem::new(
+        ErrorCode::ValidationFailed,
+        "The request has invalid fields.",
+    )
+    .with("errors", errors)
+}
+
+pub fn asset_not_found() -> Problem {
+    Problem::new(ErrorCode::AssetNotFound, "No asset has this id.")
+}
+
+pub fn reservation_not_found() -> Problem {
+    Problem::new(
+        ErrorCode::ReservationNotFound,
+        "No reservation has this id.",
+    )
+}
+
+pub fn service_unavailable() -> Problem {
+    Problem::new(
+        ErrorCode::ServiceUnavailable,
+        "The database is unreachable or too slow; nothing was changed. Retry later.",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problem_has_the_contract_members() {
+        let reply = Problem::new(ErrorCode::AssetExists, "taken")
+            .with("x", 1)
+            .into_reply();
+        assert_eq!(reply.status, 409);
+        assert!(reply.problem);
+        let v: Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(v["type"], "about:blank");
+        assert_eq!(v["title"], "Conflict");
+        assert_eq!(v["status"], 409);
+        assert_eq!(v["error_code"], "ASSET_EXISTS");
+        assert_eq!(v["message"], "taken");
+        assert_eq!(v["x"], 1);
+    }
+
+    #[test]
+    fn replay_turns_created_into_ok() {
+        let r = Reply::replay(201, "{}".into(), Some("/x".into()));
+        assert_eq!(r.status, 200);
+        assert!(r.replayed);
+        assert_eq!(Reply::replay(409, "{}".into(), None).status, 409);
+    }
+
+    #[test]
+    fn every_code_is_upper_snake() {
+        for code in ErrorCode::ALL {
+            let s = code.as_str();
+            assert!(s.chars().all(|c| c.is_ascii_uppercase() || c == '_'), "{s}");
+        }
+    }
+}

@@ -1,0 +1,137 @@
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+
+/// Why a store call failed. `Unavailable` means the database could not answer
+/// in time or at all: nothing was committed and the client may retry (503).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database unavailable while trying to {context}: {reason}")]
+    Unavailable {
+        context: &'static str,
+        reason: String,
+    },
+    #[error("database error while trying to {context}")]
+    Query {
+        context: &'static str,
+        #[source]
+        source: DieselError,
+    },
+    #[error("invalid database configuration: {0}")]
+    Config(String),
+    #[error("database migration failed: {0}")]
+    Migration(String),
+    #[error("stored data is inconsistent: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
+    }
+
+    pub fn unavailable(context: &'static str, reason: impl ToString) -> Self {
+        StoreError::Unavailable {
+            context,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Sorts a driver error into "the database did not answer" (retryable,
+    /// 503) and everything else (a bug or a broken database, 500).
+    pub fn from_diesel(context: &'static str, error: DieselError) -> Self {
+        if is_transient(&error) {
+            return StoreError::unavailable(context, error);
+        }
+        StoreError::Query {
+            context,
+            source: error,
+        }
+    }
+}
+
+/// Messages of server-side cancellations that mean "too slow or going away",
+/// on PostgreSQL (statement/lock timeout, deadlock, shutdown) and SQLite (busy).
+const TRANSIENT_MESSAGES: &[&str] = &[
+    "canceling statement due to",
+    "deadlock detected",
+    "terminating connection",
+    "the database system is",
+    "could not serialize access",
+    "database is locked",
+    "database table is locked",
+    "connection closed",
+    "connection reset",
+];
+
+fn is_transient(error: &DieselError) -> bool {
+    match error {
+        DieselError::DatabaseError(kind, info) => match kind {
+            DatabaseErrorKind::UnableToSendCommand
+            | DatabaseErrorKind::ClosedConnection
+            | DatabaseErrorKind::SerializationFailure => true,
+            _ => {
+                let message = info.message();
+                TRANSIENT_MESSAGES.iter().any(|m| message.contains(m))
+            }
+        },
+        DieselError::BrokenTransactionManager => true,
+        _ => false,
+    }
+}
+
+pub(crate) trait Context<T> {
+    fn context(self, context: &'static str) -> Result<T, StoreError>;
+}
+
+impl<T> Context<T> for Result<T, DieselError> {
+    fn context(self, context: &'static str) -> Result<T, StoreError> {
+        self.map_err(|e| StoreError::from_diesel(context, e))
+    }
+}
+
+/// True when `error` is a unique-constraint violation.
+pub(crate) fn is_unique_violation(error: &StoreError) -> bool {
+    matches!(
+        error,
+        StoreError::Query {
+            source: DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, _),
+            ..
+        }
+    )
+}
+
+/// The name of the violated unique constraint, when the driver reports it.
+pub(crate) fn violated_constraint(error: &StoreError) -> Option<&str> {
+    match error {
+        StoreError::Query {
+            source: DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, info),
+            ..
+        } => Some(info.constraint_name().unwrap_or(info.message())),
+        _ => None,
+    }
+}
+
+impl From<DieselError> for StoreError {
+    fn from(error: DieselError) -> Self {
+        StoreError::from_diesel("run a transaction", error)
+    }
+}
+
+/// How a transaction body ends without committing.
+#[derive(Debug)]
+pub(crate) enum Abort {
+    /// Roll back: the state moved under us; read again and decide again.
+    Retry,
+    Failed(StoreError),
+}
+
+impl From<DieselError> for Abort {
+    fn from(error: DieselError) -> Self {
+        Abort::Failed(error.into())
+    }
+}
+
+impl From<StoreError> for Abort {
+    fn from(error: StoreError) -> Self {
+        Abort::Failed(error)
+    }
+}

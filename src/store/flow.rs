@@ -1,0 +1,307 @@
+//! The use cases, written once above the backends: read a consistent
+//! snapshot, decide by the domain rules, then make the one conditional write.
+//! A write that finds the state moved (lost race, key taken concurrently)
+//! reads again and decides again, so every answer reflects committed state.
+
+use std::future::Future;
+
+use chrono::Duration;
+
+use super::error::{is_unique_violation, violated_constraint};
+use super::{
+    CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome,
+    ReleaseRequest, StoreError, StoreResult, StoredAnswer,
+};
+use crate::domain::{
+    commit_decision, hold_decision, release_decision, AssetId, AssetStatus, CommitDecision,
+    EventId, HoldDecision, PaymentReference, RefundReason, ReleaseDecision, Reservation,
+    ReservationId, ReservationStatus, Timestamp,
+};
+use crate::reply::{self, Reply};
+
+/// How often a request re-reads after losing a race before giving up with 503.
+const MAX_ATTEMPTS: usize = 8;
+
+/// A consistent read: the database clock, the row, and the answer stored under
+/// the request's idempotency key, all from one snapshot.
+#[derive(Debug)]
+pub(crate) struct Snapshot<T> {
+    pub now: Timestamp,
+    pub row: Option<T>,
+    pub stored: Option<StoredAnswer>,
+}
+
+/// A hold ready to be written: the reservation, its reply and its event id.
+#[derive(Debug)]
+pub(crate) struct HoldDraft<'a> {
+    pub request: &'a HoldRequest,
+    pub reservation: Reservation,
+    pub reply: Reply,
+    pub event_id: EventId,
+}
+
+/// What a refund write found.
+#[derive(Debug)]
+pub(crate) enum RefundWrite {
+    /// A new refund was recorded; the reply is stored under the key.
+    Created(Reply),
+    /// This payment was refunded before; nothing changed.
+    Existing,
+}
+
+/// The primitives each backend provides; every write is one transaction.
+pub(crate) trait Backend {
+    fn hold_snapshot(
+        &self,
+        asset: &AssetId,
+        idempotency: &Idempotency,
+    ) -> impl Future<Output = StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>>> + Send;
+
+    /// Claims the asset for the draft; with `reclaim`, first expires its
+    /// lapsed hold in the same transaction. `false` when the asset was taken.
+    fn claim(
+        &self,
+        draft: &HoldDraft<'_>,
+        reclaim: bool,
+    ) -> impl Future<Output = StoreResult<bool>> + Send;
+
+    /// The stored reservation (without refunds) and the stored answer.
+    fn reservation_snapshot(
+        &self,
+        id: &ReservationId,
+        idempotency: &Idempotency,
+    ) -> impl Future<Output = StoreResult<Snapshot<Reservation>>> + Send;
+
+    /// The reservation with its refunds, by effective status at `now`.
+    fn load_reservation(
+        &self,
+        id: &ReservationId,
+        now: Timestamp,
+    ) -> impl Future<Output = StoreResult<Option<Reservation>>> + Send;
+
+    /// Sells the asset to a live hold. `None` when the hold was no longer live.
+    fn commit(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentReference,
+        idempotency: &Idempotency,
+        now: Timestamp,
+    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
+
+    /// Records the refund of `payment` (expiring a lapsed hold first).
+    fn refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentReference,
+        reason: RefundReason,
+        idempotency: &Idempotency,
+        now: Timestamp,
+    ) -> impl Future<Output = StoreResult<RefundWrite>> + Send;
+
+    /// Ends a live hold. `None` when it was no longer live.
+    fn release(
+        &self,
+        reservation: &Reservation,
+        idempotency: &Idempotency,
+        now: Timestamp,
+    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
+}
+
+fn replay_or_reused(stored: StoredAnswer, idempotency: &Idempotency) -> Result<Reply, ()> {
+    stored.replay_for(&idempotency.fingerprint).ok_or(())
+}
+
+fn contention(context: &'static str) -> StoreError {
+    StoreError::unavailable(context, "the row kept changing under concurrent requests")
+}
+
+pub(crate) async fn hold<B: Backend>(backend: &B, req: &HoldRequest) -> StoreResult<HoldOutcome> {
+    for _ in 0..MAX_ATTEMPTS {
+        let snap = backend
+            .hold_snapshot(&req.asset_id, &req.idempotency)
+            .await?;
+        if let Some(stored) = snap.stored {
+            return Ok(match replay_or_reused(stored, &req.idempotency) {
+                Ok(reply) => HoldOutcome::Replayed(reply),
+                Err(()) => HoldOutcome::KeyReused,
+            });
+        }
+        let reclaim = match hold_decision(snap.row, snap.now) {
+            HoldDecision::NotFound => return Ok(HoldOutcome::NotFound),
+            HoldDecision::Unavailable {
+                status,
+                hold_expires_at,
+            } => {
+                return Ok(HoldOutcome::Unavailable {
+                    status,
+                    hold_expires_at,
+                })
+            }
+            HoldDecision::Claim => false,
+            HoldDecision::Reclaim => true,
+        };
+        let reservation = Reservation {
+            reservation_id: ReservationId::generate().to_string(),
+            asset_id: req.asset_id.to_string(),
+            buyer_id: req.buyer_id.to_string(),
+            status: ReservationStatus::Held,
+            expires_at: snap.now + Duration::seconds(req.hold_seconds),
+            created_at: snap.now,
+            committed_at: None,
+            released_at: None,
+            payment_reference: None,
+            refunds: Vec::new(),
+        };
+        let draft = HoldDraft {
+            request: req,
+            reply: reply::hold_created(&reservation),
+            reservation,
+            event_id: EventId::generate(),
+        };
+        match backend.claim(&draft, reclaim).await {
+            Ok(true) => return Ok(HoldOutcome::Created(draft.reply)),
+            // Taken meanwhile, or the key was used concurrently: look again.
+            Ok(false) => continue,
+            Err(e) if is_unique_violation(&e) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(contention("hold the asset"))
+}
+
+pub(crate) async fn commit<B: Backend>(
+    backend: &B,
+    req: &CommitRequest,
+) -> StoreResult<CommitOutcome> {
+    let mut refunded_before = false;
+    for _ in 0..MAX_ATTEMPTS {
+        let snap = backend
+            .reservation_snapshot(&req.reservation_id, &req.idempotency)
+            .await?;
+        if let Some(stored) = snap.stored {
+            return Ok(match replay_or_reused(stored, &req.idempotency) {
+                Ok(reply) => CommitOutcome::Replayed(reply),
+                Err(()) => CommitOutcome::KeyReused,
+            });
+        }
+        let Some(stored) = snap.row else {
+            return Ok(CommitOutcome::NotFound);
+        };
+        let reservation = stored.effective(snap.now);
+        let payment = &req.payment_reference;
+        match commit_decision(
+            reservation.status,
+            reservation.payment_reference.as_deref(),
+            payment.as_str(),
+        ) {
+            CommitDecision::Commit => {
+                match backend
+                    .commit(&reservation, payment, &req.idempotency, snap.now)
+                    .await
+                {
+                    Ok(Some(reply)) => return Ok(CommitOutcome::Committed(reply)),
+                    Ok(None) => continue,
+                    Err(e)
+                        if violated_constraint(&e)
+                            .is_some_and(|c| c.contains("payment_reference")) =>
+                    {
+                        let current = reload(backend, &req.reservation_id, snap.now).await?;
+                        return Ok(CommitOutcome::PaymentReferenceUsed(current));
+                    }
+                    Err(e) if is_unique_violation(&e) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            CommitDecision::AlreadyCommittedWithThisPayment => {
+                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                return Ok(CommitOutcome::AlreadyCommitted(current));
+            }
+            CommitDecision::Refuse(reason) if !refunded_before => {
+                match backend
+                    .refund(&reservation, payment, reason, &req.idempotency, snap.now)
+                    .await
+                {
+                    Ok(RefundWrite::Created(reply)) => return Ok(CommitOutcome::Refused(reply)),
+                    // Refunded before, maybe by a duplicate of this very
+                    // request: read again so that a stored answer replays.
+                    Ok(RefundWrite::Existing) => refunded_before = true,
+                    Err(e) if is_unique_violation(&e) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            CommitDecision::Refuse(reason) => {
+                // This payment was refunded before: answer with that refund,
+                // changing nothing.
+                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                let refund = current
+                    .refunds
+                    .iter()
+                    .find(|r| r.payment_reference == payment.as_str())
+                    .cloned()
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "the refund of reservation {} for this payment vanished",
+                            current.reservation_id
+                        ))
+                    })?;
+                let reply = reply::commit_refused(reason, &current, &refund).into_reply();
+                return Ok(CommitOutcome::Refused(reply));
+            }
+        }
+    }
+    Err(contention("commit the reservation"))
+}
+
+pub(crate) async fn release<B: Backend>(
+    backend: &B,
+    req: &ReleaseRequest,
+) -> StoreResult<ReleaseOutcome> {
+    for _ in 0..MAX_ATTEMPTS {
+        let snap = backend
+            .reservation_snapshot(&req.reservation_id, &req.idempotency)
+            .await?;
+        if let Some(stored) = snap.stored {
+            return Ok(match replay_or_reused(stored, &req.idempotency) {
+                Ok(reply) => ReleaseOutcome::Replayed(reply),
+                Err(()) => ReleaseOutcome::KeyReused,
+            });
+        }
+        let Some(stored) = snap.row else {
+            return Ok(ReleaseOutcome::NotFound);
+        };
+        let reservation = stored.effective(snap.now);
+        match release_decision(reservation.status) {
+            ReleaseDecision::Release => {
+                match backend
+                    .release(&reservation, &req.idempotency, snap.now)
+                    .await
+                {
+                    Ok(Some(reply)) => return Ok(ReleaseOutcome::Released(reply)),
+                    Ok(None) => continue,
+                    Err(e) if is_unique_violation(&e) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            ReleaseDecision::AlreadyReleased => {
+                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                return Ok(ReleaseOutcome::AlreadyReleased(current));
+            }
+            ReleaseDecision::NotActive => {
+                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                return Ok(ReleaseOutcome::NotActive(current));
+            }
+        }
+    }
+    Err(contention("release the reservation"))
+}
+
+async fn reload<B: Backend>(
+    backend: &B,
+    id: &ReservationId,
+    now: Timestamp,
+) -> StoreResult<Reservation> {
+    backend
+        .load_reservation(id, now)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))
+}

@@ -1,0 +1,217 @@
+//! The store: one method per atomic use case. Each backend decides every
+//! transition with one conditional write inside one short transaction.
+
+mod error;
+mod flow;
+pub mod postgres;
+mod schema;
+
+use std::time::Duration;
+
+pub use error::StoreError;
+
+use crate::config::{Config, DatabaseUrl};
+use crate::domain::{
+    Asset, AssetId, AssetStatus, BuyerId, Event, IdempotencyKey, PaymentReference, Reservation,
+    ReservationId, Timestamp,
+};
+use crate::reply::Reply;
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Who is asking, for the scope of idempotency keys.
+#[derive(Debug, Clone)]
+pub struct Idempotency {
+    /// The caller's scope (its API key's name; one shared scope without auth).
+    pub scope: String,
+    pub key: IdempotencyKey,
+    /// Hash of method, route, path parameters and canonical body.
+    pub fingerprint: String,
+}
+
+/// A stored answer found for an idempotency key.
+#[derive(Debug, Clone)]
+pub struct StoredAnswer {
+    pub fingerprint: String,
+    pub status: u16,
+    pub body: String,
+    pub location: Option<String>,
+}
+
+impl StoredAnswer {
+    /// A replay when the request matches the one stored, else `None` (422).
+    pub fn replay_for(self, fingerprint: &str) -> Option<Reply> {
+        (self.fingerprint == fingerprint)
+            .then(|| Reply::replay(self.status, self.body, self.location))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct HoldRequest {
+    pub asset_id: AssetId,
+    pub buyer_id: BuyerId,
+    pub hold_seconds: i64,
+    pub idempotency: Idempotency,
+}
+
+#[derive(Debug)]
+pub enum HoldOutcome {
+    Created(Reply),
+    Replayed(Reply),
+    KeyReused,
+    NotFound,
+    Unavailable {
+        status: AssetStatus,
+        hold_expires_at: Option<Timestamp>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct CommitRequest {
+    pub reservation_id: ReservationId,
+    pub payment_reference: PaymentReference,
+    pub idempotency: Idempotency,
+}
+
+#[derive(Debug)]
+pub enum CommitOutcome {
+    Committed(Reply),
+    /// Committed before with the same payment: 200, nothing changed.
+    AlreadyCommitted(Reservation),
+    /// 409 with a refund (stored for replay).
+    Refused(Reply),
+    PaymentReferenceUsed(Reservation),
+    Replayed(Reply),
+    KeyReused,
+    NotFound,
+}
+
+#[derive(Debug, Clone)]
+pub struct ReleaseRequest {
+    pub reservation_id: ReservationId,
+    pub idempotency: Idempotency,
+}
+
+#[derive(Debug)]
+pub enum ReleaseOutcome {
+    Released(Reply),
+    /// Released before: 200, nothing changed.
+    AlreadyReleased(Reservation),
+    NotActive(Reservation),
+    Replayed(Reply),
+    KeyReused,
+    NotFound,
+}
+
+/// Filter and position of one page of assets.
+#[derive(Debug, Clone)]
+pub struct AssetPage {
+    pub status: Option<AssetStatus>,
+    /// Only assets whose id sorts after this one.
+    pub after: Option<String>,
+    pub limit: i64,
+}
+
+/// What one janitor pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub expired: u64,
+    pub purged_keys: u64,
+}
+
+/// Settings the store needs from the configuration.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub pool_size: usize,
+    pub acquire_timeout: Duration,
+    pub statement_timeout: Duration,
+    pub lock_timeout: Duration,
+    pub idempotency_retention: Duration,
+    pub sweep_batch: i64,
+}
+
+/// The configured backend.
+#[derive(Clone)]
+pub enum Store {
+    Postgres(postgres::PgStore),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            Store::Postgres($store) => $call,
+        }
+    };
+}
+
+impl Store {
+    /// Opens the configured database (not yet migrated).
+    pub async fn open(config: &Config) -> StoreResult<Self> {
+        let settings = config.store_settings();
+        match config
+            .database()
+            .map_err(|e| StoreError::Config(e.to_string()))?
+        {
+            DatabaseUrl::Postgres(url) => {
+                Ok(Self::Postgres(postgres::PgStore::connect(&url, &settings)?))
+            }
+            DatabaseUrl::Sqlite(path) => Err(StoreError::Config(format!(
+                "the SQLite backend ({}) is not available in this build",
+                path.display()
+            ))),
+        }
+    }
+
+    pub async fn migrate(&self) -> StoreResult<()> {
+        dispatch!(self, s => s.migrate().await)
+    }
+
+    pub async fn ping(&self) -> StoreResult<()> {
+        dispatch!(self, s => s.ping().await)
+    }
+
+    /// `None` when an asset with this id exists.
+    pub async fn create_asset(&self, id: &AssetId, name: &str) -> StoreResult<Option<Asset>> {
+        dispatch!(self, s => s.create_asset(id, name).await)
+    }
+
+    pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
+        dispatch!(self, s => s.get_asset(id).await)
+    }
+
+    /// Up to `page.limit` assets in id order, by effective status.
+    pub async fn list_assets(&self, page: &AssetPage) -> StoreResult<Vec<Asset>> {
+        dispatch!(self, s => s.list_assets(page).await)
+    }
+
+    /// `None` when the asset does not exist.
+    pub async fn asset_events(&self, id: &AssetId) -> StoreResult<Option<Vec<Event>>> {
+        dispatch!(self, s => s.asset_events(id).await)
+    }
+
+    pub async fn get_reservation(&self, id: &ReservationId) -> StoreResult<Option<Reservation>> {
+        dispatch!(self, s => s.get_reservation(id).await)
+    }
+
+    pub async fn hold(&self, req: &HoldRequest) -> StoreResult<HoldOutcome> {
+        dispatch!(self, s => s.hold(req).await)
+    }
+
+    pub async fn commit(&self, req: &CommitRequest) -> StoreResult<CommitOutcome> {
+        dispatch!(self, s => s.commit(req).await)
+    }
+
+    pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<ReleaseOutcome> {
+        dispatch!(self, s => s.release(req).await)
+    }
+
+    /// Expires lapsed holds and purges idempotency records past retention.
+    pub async fn sweep(&self) -> StoreResult<SweepReport> {
+        dispatch!(self, s => s.sweep().await)
+    }
+
+    /// Where the data lives, for the start-up line (no credentials).
+    pub fn describe(&self) -> String {
+        dispatch!(self, s => s.describe())
+    }
+}

@@ -1,0 +1,1018 @@
+//! PostgreSQL: diesel-async over a bounded deadpool pool, no libpq. Time is
+//! `now()` of the database, read once at the start of each request.
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz};
+use diesel::{sql_query, QueryableByName};
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::pooled_connection::deadpool::{Object, Pool};
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
+};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use futures_util::FutureExt;
+
+use super::error::{Abort, Context};
+use super::flow::{self, Backend, HoldDraft, RefundWrite, Snapshot};
+use super::schema::{assets, events, idempotency_keys, refunds, reservations};
+use super::{
+    AssetPage, CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome,
+    ReleaseRequest, StoreError, StoreResult, StoreSettings, StoredAnswer, SweepReport,
+};
+use crate::domain::{
+    Asset, AssetId, AssetStatus, Event, EventId, EventType, PaymentReference, Refund, RefundId,
+    RefundReason, RefundStatus, Reservation, ReservationId, ReservationStatus, Timestamp,
+};
+use crate::reply::{self, Reply};
+
+pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
+
+/// Serialises migrations of instances that start at the same time.
+const MIGRATION_LOCK: i64 = 0x686f_6c64_6661_7374; // "holdfast"
+
+type Conn = Object<AsyncPgConnection>;
+
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Pool<AsyncPgConnection>,
+    url: String,
+    settings: StoreSettings,
+}
+
+impl PgStore {
+    pub fn connect(url: &str, settings: &StoreSettings) -> StoreResult<Self> {
+        let statement_ms = settings.statement_timeout.as_millis();
+        let lock_ms = settings.lock_timeout.as_millis();
+        let mut config = ManagerConfig::default();
+        // A broken connection is noticed by its first failing query (503 once)
+        // and then discarded; no test query per checkout.
+        config.recycling_method = RecyclingMethod::Fast;
+        config.custom_setup = Box::new(move |url| {
+            let url = url.to_owned();
+            async move {
+                let mut conn = AsyncPgConnection::establish(&url).await?;
+                conn.batch_execute(&format!(
+                    "SET statement_timeout = {statement_ms}; SET lock_timeout = {lock_ms}; \
+                     SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC'",
+                    statement_ms.max(1000) * 2
+                ))
+                .await
+                .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
+                Ok(conn)
+            }
+            .boxed()
+        });
+        let manager =
+            AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(url, config);
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .wait_timeout(Some(settings.acquire_timeout))
+            .create_timeout(Some(settings.acquire_timeout))
+            .recycle_timeout(Some(settings.acquire_timeout))
+            .runtime(deadpool::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Config(format!("cannot build the connection pool: {e}")))?;
+        Ok(Self {
+            pool,
+            url: url.to_owned(),
+            settings: settings.clone(),
+        })
+    }
+
+    async fn conn(&self) -> StoreResult<Conn> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| StoreError::unavailable("get a database connection", e))
+    }
+
+    pub fn describe(&self) -> String {
+        // Everything after the authority is safe to show; credentials are not.
+        let tail = self.url.rsplit('@').next().unwrap_or_default();
+        let tail = tail
+            .trim_start_matches("postgres://")
+            .trim_start_matches("postgresql://");
+        format!("PostgreSQL at {tail}")
+    }
+
+    pub fn pool_status(&self) -> deadpool::Status {
+        self.pool.status()
+    }
+
+    /// Runs pending migrations under an advisory lock, on a blocking thread.
+    pub async fn migrate(&self) -> StoreResult<()> {
+        let url = self.url.clone();
+        tokio::task::spawn_blocking(move || -> StoreResult<()> {
+            use diesel::connection::SimpleConnection;
+            let mut conn =
+                <AsyncConnectionWrapper<AsyncPgConnection> as diesel::Connection>::establish(&url)
+                    .map_err(|e| StoreError::unavailable("connect to migrate", e))?;
+            SimpleConnection::batch_execute(
+                &mut conn,
+                &format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"),
+            )
+            .context("take the migration lock")?;
+            let result = conn
+                .run_pending_migrations(MIGRATIONS)
+                .map(|_| ())
+                .map_err(|e| StoreError::Migration(e.to_string()));
+            let unlock = SimpleConnection::batch_execute(
+                &mut conn,
+                &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"),
+            )
+            .context("release the migration lock");
+            result.and(unlock)
+        })
+        .await
+        .map_err(|e| StoreError::Migration(format!("migration task failed: {e}")))?
+    }
+
+    pub async fn ping(&self) -> StoreResult<()> {
+        let mut conn = self.conn().await?;
+        conn.batch_execute("SELECT 1")
+            .await
+            .context("answer a ping")
+    }
+
+    pub async fn create_asset(&self, id: &AssetId, name: &str) -> StoreResult<Option<Asset>> {
+        let mut conn = self.conn().await?;
+        let row: Option<(Timestamp, AssetRow)> = sql_query(
+            "INSERT INTO assets (id, name, created_at, updated_at) VALUES ($1, $2, now(), now()) \
+             ON CONFLICT (id) DO NOTHING RETURNING now() AS now, *",
+        )
+        .bind::<Text, _>(id.as_str())
+        .bind::<Text, _>(name)
+        .get_result::<NowAssetRow>(&mut conn)
+        .await
+        .optional()
+        .context("create an asset")?
+        .map(|r| (r.now, r.asset));
+        row.map(|(now, a)| a.into_asset(now)).transpose()
+    }
+
+    pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
+        let mut conn = self.conn().await?;
+        let row = sql_query("SELECT now() AS now, * FROM assets WHERE id = $1")
+            .bind::<Text, _>(id.as_str())
+            .get_result::<NowAssetRow>(&mut conn)
+            .await
+            .optional()
+            .context("read an asset")?;
+        row.map(|r| r.asset.into_asset(r.now)).transpose()
+    }
+
+    pub async fn list_assets(&self, page: &AssetPage) -> StoreResult<Vec<Asset>> {
+        let mut conn = self.conn().await?;
+        let rows = sql_query(
+            "SELECT now() AS now, * FROM assets \
+             WHERE ($1::text IS NULL OR id > $1) AND CASE $2::text \
+               WHEN 'AVAILABLE' THEN status = 'AVAILABLE' OR (status = 'HELD' AND hold_expires_at <= now()) \
+               WHEN 'HELD' THEN status = 'HELD' AND hold_expires_at > now() \
+               WHEN 'SOLD' THEN status = 'SOLD' \
+               ELSE true END \
+             ORDER BY id LIMIT $3",
+        )
+        .bind::<Nullable<Text>, _>(page.after.as_deref())
+        .bind::<Nullable<Text>, _>(page.status.map(AssetStatus::as_str))
+        .bind::<BigInt, _>(page.limit)
+        .load::<NowAssetRow>(&mut conn)
+        .await
+        .context("list assets")?;
+        rows.into_iter()
+            .map(|r| r.asset.into_asset(r.now))
+            .collect()
+    }
+
+    pub async fn asset_events(&self, id: &AssetId) -> StoreResult<Option<Vec<Event>>> {
+        let mut conn = self.conn().await?;
+        let exists = assets::table
+            .find(id.as_str())
+            .select(assets::id)
+            .first::<String>(&mut conn)
+            .await
+            .optional()
+            .context("find an asset")?
+            .is_some();
+        if !exists {
+            return Ok(None);
+        }
+        let rows = events::table
+            .filter(events::asset_id.eq(id.as_str()))
+            .order(events::sequence.asc())
+            .select(EventRow::as_select())
+            .load::<EventRow>(&mut conn)
+            .await
+            .context("read an asset's events")?;
+        rows.into_iter()
+            .map(EventRow::into_event)
+            .collect::<StoreResult<_>>()
+            .map(Some)
+    }
+
+    pub async fn get_reservation(&self, id: &ReservationId) -> StoreResult<Option<Reservation>> {
+        let mut conn = self.conn().await?;
+        let now = db_now(&mut conn).await?;
+        load_reservation(&mut conn, id, now).await
+    }
+
+    pub async fn hold(&self, req: &HoldRequest) -> StoreResult<HoldOutcome> {
+        flow::hold(self, req).await
+    }
+
+    pub async fn commit(&self, req: &CommitRequest) -> StoreResult<CommitOutcome> {
+        flow::commit(self, req).await
+    }
+
+    pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<ReleaseOutcome> {
+        flow::release(self, req).await
+    }
+
+    /// One janitor pass: expires lapsed holds batch by batch (each batch one
+    /// transaction, rows taken with SKIP LOCKED in id order), then purges
+    /// idempotency records past retention.
+    pub async fn sweep(&self) -> StoreResult<SweepReport> {
+        let mut conn = self.conn().await?;
+        let mut report = SweepReport::default();
+        let batch = self.settings.sweep_batch;
+        loop {
+            let now = db_now(&mut conn).await?;
+            let expired = conn
+                .transaction(async |c| expire_lapsed(c, None, now, batch).await)
+                .await?;
+            report.expired += expired as u64;
+            if (expired as i64) < batch {
+                break;
+            }
+        }
+        let retention = chrono::Duration::from_std(self.settings.idempotency_retention)
+            .unwrap_or(chrono::Duration::hours(24));
+        loop {
+            let purged = sql_query(
+                "DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
+                   SELECT scope, key FROM idempotency_keys WHERE created_at < now() - $1::interval \
+                   ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind::<Text, _>(format!("{} seconds", retention.num_seconds()))
+            .bind::<BigInt, _>(batch)
+            .execute(&mut conn)
+            .await
+            .context("purge idempotency records")?;
+            report.purged_keys += purged as u64;
+            if (purged as i64) < batch {
+                break;
+            }
+        }
+        Ok(report)
+    }
+}
+
+impl Backend for PgStore {
+    async fn hold_snapshot(
+        &self,
+        asset: &AssetId,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>> {
+        let mut conn = self.conn().await?;
+        let row = sql_query(
+            "SELECT now() AS now, a.status, a.hold_expires_at, \
+                    i.fingerprint, i.status_code, i.body, i.location \
+             FROM (SELECT 1) AS one \
+             LEFT JOIN assets a ON a.id = $1 \
+             LEFT JOIN idempotency_keys i ON i.scope = $2 AND i.key = $3",
+        )
+        .bind::<Text, _>(asset.as_str())
+        .bind::<Text, _>(&idempotency.scope)
+        .bind::<Text, _>(idempotency.key.as_str())
+        .get_result::<HoldSnapshotRow>(&mut conn)
+        .await
+        .context("read the asset to hold")?;
+        let state = match row.status {
+            Some(s) => Some((parse_status(AssetStatus::parse, &s)?, row.hold_expires_at)),
+            None => None,
+        };
+        Ok(Snapshot {
+            now: row.now,
+            row: state,
+            stored: row.stored.into_answer(),
+        })
+    }
+
+    async fn claim(&self, draft: &HoldDraft<'_>, reclaim: bool) -> StoreResult<bool> {
+        let mut conn = self.conn().await?;
+        if !reclaim {
+            return claim_available(&mut conn, draft).await;
+        }
+        let now = draft.reservation.created_at;
+        let asset = draft.request.asset_id.as_str();
+        let result = conn
+            .transaction(async |c| {
+                expire_lapsed(c, Some(asset), now, 1).await?;
+                if claim_available(c, draft).await? {
+                    Ok(())
+                } else {
+                    Err(Abort::Retry)
+                }
+            })
+            .await;
+        match result {
+            Ok(()) => Ok(true),
+            Err(Abort::Retry) => Ok(false),
+            Err(Abort::Failed(e)) => Err(e),
+        }
+    }
+
+    async fn reservation_snapshot(
+        &self,
+        id: &ReservationId,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Snapshot<Reservation>> {
+        let mut conn = self.conn().await?;
+        let row = sql_query(
+            "SELECT now() AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at, \
+                    r.committed_at, r.released_at, r.payment_reference, \
+                    i.fingerprint, i.status_code, i.body, i.location \
+             FROM (SELECT 1) AS one \
+             LEFT JOIN reservations r ON r.id = $1 \
+             LEFT JOIN idempotency_keys i ON i.scope = $2 AND i.key = $3",
+        )
+        .bind::<Text, _>(id.to_string())
+        .bind::<Text, _>(&idempotency.scope)
+        .bind::<Text, _>(idempotency.key.as_str())
+        .get_result::<ReservationSnapshotRow>(&mut conn)
+        .await
+        .context("read the reservation")?;
+        let reservation = row.reservation.into_reservation()?;
+        Ok(Snapshot {
+            now: row.now,
+            row: reservation,
+            stored: row.stored.into_answer(),
+        })
+    }
+
+    async fn load_reservation(
+        &self,
+        id: &ReservationId,
+        now: Timestamp,
+    ) -> StoreResult<Option<Reservation>> {
+        let mut conn = self.conn().await?;
+        load_reservation(&mut conn, id, now).await
+    }
+
+    async fn commit(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentReference,
+        idempotency: &Idempotency,
+        now: Timestamp,
+    ) -> StoreResult<Option<Reply>> {
+        let mut conn = self.conn().await?;
+        finish_transition(
+            &mut conn,
+            reservation,
+            idempotency,
+            now,
+            Transition::Commit(payment),
+        )
+        .await
+    }
+
+    async fn refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentReference,
+        reason: RefundReason,
+        idempotency: &Idempotency,
+        now: Timestamp,
+    ) -> StoreResult<RefundWrite> {
+        let mut conn = self.conn().await?;
+        let result = conn
+            .transaction(async |c| {
+                // A lapsed hold nobody swept yet is expired first, so the
+                // timeline reads held → expired → refund requested.
+                expire_lapsed(c, Some(&reservation.asset_id), now, 1).await?;
+                let sequence = next_sequence(c, &reservation.asset_id).await?;
+                let refund = Refund {
+                    refund_id: RefundId::generate().to_string(),
+                    reservation_id: reservation.reservation_id.clone(),
+                    asset_id: reservation.asset_id.clone(),
+                    payment_reference: payment.to_string(),
+                    reason,
+                    status: RefundStatus::Requested,
+                    created_at: now,
+                };
+                let inserted = diesel::insert_into(refunds::table)
+                    .values((
+                        refunds::id.eq(&refund.refund_id),
+                        refunds::reservation_id.eq(&refund.reservation_id),
+                        refunds::asset_id.eq(&refund.asset_id),
+                        refunds::payment_reference.eq(&refund.payment_reference),
+                        refunds::reason.eq(reason.as_str()),
+                        refunds::status.eq(refund.status.as_str()),
+                        refunds::created_at.eq(now),
+                    ))
+                    .on_conflict((refunds::reservation_id, refunds::payment_reference))
+                    .do_nothing()
+                    .execute(c)
+                    .await
+                    .context("record a refund")?;
+                if inserted == 0 {
+                    return Err(Abort::Retry);
+                }
+                let id = parse_reservation_id(&reservation.reservation_id)?;
+                let current = load_reservation(c, &id, now)
+                    .await?
+                    .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))?;
+                let reply = reply::commit_refused(reason, &current, &refund).into_reply();
+                let event = NewEvent::new(
+                    &refund.asset_id,
+                    sequence,
+                    EventType::RefundRequested,
+                    serde_json::to_string(&refund).unwrap_or_default(),
+                    now,
+                );
+                record(c, &event, idempotency, &reply, &refund.reservation_id, now).await?;
+                Ok(reply)
+            })
+            .await;
+        match result {
+            Ok(reply) => Ok(RefundWrite::Created(reply)),
+            Err(Abort::Retry) => Ok(RefundWrite::Existing),
+            Err(Abort::Failed(e)) => Err(e),
+        }
+    }
+
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        idempotency: &Idempotency,
+        now: Timestamp,
+    ) -> StoreResult<Option<Reply>> {
+        let mut conn = self.conn().await?;
+        finish_transition(
+            &mut conn,
+            reservation,
+            idempotency,
+            now,
+            Transition::Release,
+        )
+        .await
+    }
+}
+
+enum Transition<'a> {
+    Commit(&'a PaymentReference),
+    Release,
+}
+
+/// Commit or release of a live hold: the asset first (lock order: asset,
+/// then reservation), guarded by status, owner and expiry; then the
+/// reservation, the event and the stored answer, in one transaction.
+async fn finish_transition(
+    conn: &mut AsyncPgConnection,
+    reservation: &Reservation,
+    idempotency: &Idempotency,
+    now: Timestamp,
+    transition: Transition<'_>,
+) -> StoreResult<Option<Reply>> {
+    let (sql, payment, event_type) = match transition {
+        Transition::Commit(payment) => (
+            "WITH a AS ( \
+               UPDATE assets SET status = 'SOLD', hold_expires_at = NULL, version = version + 1, \
+                      last_event_sequence = last_event_sequence + 1, updated_at = $2 \
+               WHERE id = $3 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > $2 \
+               RETURNING last_event_sequence) \
+             UPDATE reservations SET status = 'COMMITTED', committed_at = $2, payment_reference = $4 \
+             WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a) \
+             RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
+            Some(payment.as_str()),
+            EventType::ReservationCommitted,
+        ),
+        Transition::Release => (
+            "WITH a AS ( \
+               UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
+                      version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $2 \
+               WHERE id = $3 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > $2 \
+               RETURNING last_event_sequence) \
+             UPDATE reservations SET status = 'RELEASED', released_at = $2 \
+             WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a) \
+             RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
+            None,
+            EventType::ReservationReleased,
+        ),
+    };
+    let result = conn
+        .transaction(async |c| {
+            let query = sql_query(sql)
+                .bind::<Text, _>(&reservation.reservation_id)
+                .bind::<Timestamptz, _>(now)
+                .bind::<Text, _>(&reservation.asset_id);
+            let row = match payment {
+                Some(payment) => {
+                    query
+                        .bind::<Text, _>(payment)
+                        .get_result::<TransitionRow>(c)
+                        .await
+                }
+                None => query.get_result::<TransitionRow>(c).await,
+            }
+            .optional()
+            .context("change the reservation")?;
+            let Some(row) = row else {
+                return Err(Abort::Retry);
+            };
+            // A live hold has no refunds yet.
+            let updated = row.reservation.into_reservation()?.effective(now);
+            let reply = reply::reservation_ok(&updated);
+            let event = NewEvent::new(
+                &updated.asset_id,
+                row.event_sequence,
+                event_type,
+                reply.body.clone(),
+                now,
+            );
+            record(c, &event, idempotency, &reply, &updated.reservation_id, now).await?;
+            Ok(reply)
+        })
+        .await;
+    match result {
+        Ok(reply) => Ok(Some(reply)),
+        Err(Abort::Retry) => Ok(None),
+        Err(Abort::Failed(e)) => Err(e),
+    }
+}
+
+/// The hold itself: one statement that claims an AVAILABLE asset and writes
+/// the reservation, its event and the stored answer. A taken asset makes it
+/// write nothing; a key used concurrently fails it whole (unique violation).
+async fn claim_available(conn: &mut AsyncPgConnection, draft: &HoldDraft<'_>) -> StoreResult<bool> {
+    let r = &draft.reservation;
+    let idem = &draft.request.idempotency;
+    let row = sql_query(HOLD_SQL)
+        .bind::<Text, _>(&r.asset_id)
+        .bind::<Text, _>(&r.reservation_id)
+        .bind::<Text, _>(&r.buyer_id)
+        .bind::<Timestamptz, _>(r.created_at)
+        .bind::<Timestamptz, _>(r.expires_at)
+        .bind::<Text, _>(draft.event_id.to_string())
+        .bind::<Text, _>(&draft.reply.body)
+        .bind::<Text, _>(&idem.scope)
+        .bind::<Text, _>(idem.key.as_str())
+        .bind::<Text, _>(&idem.fingerprint)
+        .bind::<Integer, _>(i32::from(draft.reply.status))
+        .bind::<Nullable<Text>, _>(draft.reply.location.as_deref())
+        .get_result::<Claimed>(conn)
+        .await
+        .context("hold the asset")?;
+    Ok(row.claimed > 0)
+}
+
+/// The hold statement (also what the benchmark's SQL ceiling runs).
+pub const HOLD_SQL: &str = "\
+WITH claimed AS (
+    UPDATE assets
+       SET status = 'HELD', hold_expires_at = $5, current_reservation_id = $2,
+           version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $4
+     WHERE id = $1 AND status = 'AVAILABLE'
+ RETURNING id, last_event_sequence
+), reservation AS (
+    INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at)
+    SELECT $2, id, $3, 'HELD', $5, $4 FROM claimed
+ RETURNING id
+), event AS (
+    INSERT INTO events (id, asset_id, sequence, type, data, created_at)
+    SELECT $6, id, last_event_sequence, 'reservation.held', $7, $4 FROM claimed
+), answer AS (
+    INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at)
+    SELECT $8, $9, $10, $11, $7, $12, id, $4 FROM reservation
+)
+SELECT count(*) AS claimed FROM claimed";
+
+/// Expires lapsed holds (of one asset, or up to `limit` of any) as of `now`:
+/// each asset back to AVAILABLE, its HELD reservation EXPIRED, one event each.
+async fn expire_lapsed(
+    conn: &mut AsyncPgConnection,
+    asset: Option<&str>,
+    now: Timestamp,
+    limit: i64,
+) -> StoreResult<usize> {
+    let rows = sql_query(
+        "WITH lapsed AS ( \
+           SELECT id FROM assets \
+           WHERE status = 'HELD' AND hold_expires_at <= $1 AND ($2::text IS NULL OR id = $2) \
+           ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED \
+         ), a AS ( \
+           UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
+                  version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $1 \
+           FROM lapsed WHERE assets.id = lapsed.id \
+           RETURNING assets.id, assets.last_event_sequence) \
+         UPDATE reservations SET status = 'EXPIRED' FROM a \
+         WHERE reservations.asset_id = a.id AND reservations.status = 'HELD' \
+         RETURNING reservations.*, a.last_event_sequence AS event_sequence",
+    )
+    .bind::<Timestamptz, _>(now)
+    .bind::<Nullable<Text>, _>(asset)
+    .bind::<BigInt, _>(limit)
+    .load::<TransitionRow>(conn)
+    .await
+    .context("expire lapsed holds")?;
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let mut new_events = Vec::with_capacity(rows.len());
+    for row in rows {
+        let reservation = row.reservation.into_reservation()?;
+        let data = serde_json::to_string(&reservation).unwrap_or_default();
+        new_events.push(NewEvent::new(
+            &reservation.asset_id,
+            row.event_sequence,
+            EventType::ReservationExpired,
+            data,
+            now,
+        ));
+    }
+    let count = new_events.len();
+    diesel::insert_into(events::table)
+        .values(new_events.iter().map(NewEvent::values).collect::<Vec<_>>())
+        .execute(conn)
+        .await
+        .context("record expiry events")?;
+    Ok(count)
+}
+
+/// Takes the next event sequence number of an asset (locking the asset row).
+async fn next_sequence(conn: &mut AsyncPgConnection, asset: &str) -> StoreResult<i64> {
+    diesel::update(assets::table.find(asset))
+        .set(assets::last_event_sequence.eq(assets::last_event_sequence + 1))
+        .returning(assets::last_event_sequence)
+        .get_result(conn)
+        .await
+        .context("number an event")
+}
+
+/// Writes an event and the answer stored under the request's key.
+async fn record(
+    conn: &mut AsyncPgConnection,
+    event: &NewEvent,
+    idempotency: &Idempotency,
+    reply: &Reply,
+    reservation_id: &str,
+    now: Timestamp,
+) -> StoreResult<()> {
+    diesel::insert_into(events::table)
+        .values(event.values())
+        .execute(conn)
+        .await
+        .context("record an event")?;
+    diesel::insert_into(idempotency_keys::table)
+        .values((
+            idempotency_keys::scope.eq(&idempotency.scope),
+            idempotency_keys::key.eq(idempotency.key.as_str()),
+            idempotency_keys::fingerprint.eq(&idempotency.fingerprint),
+            idempotency_keys::status_code.eq(i32::from(reply.status)),
+            idempotency_keys::body.eq(&reply.body),
+            idempotency_keys::location.eq(reply.location.as_deref()),
+            idempotency_keys::reservation_id.eq(reservation_id),
+            idempotency_keys::created_at.eq(now),
+        ))
+        .execute(conn)
+        .await
+        .context("store the answer")?;
+    Ok(())
+}
+
+async fn db_now(conn: &mut AsyncPgConnection) -> StoreResult<Timestamp> {
+    diesel::select(diesel::dsl::sql::<Timestamptz>("now()"))
+        .get_result(conn)
+        .await
+        .context("read the database clock")
+}
+
+async fn load_reservation(
+    conn: &mut AsyncPgConnection,
+    id: &ReservationId,
+    now: Timestamp,
+) -> StoreResult<Option<Reservation>> {
+    let id = id.to_string();
+    let row = reservations::table
+        .find(&id)
+        .select(ReservationRow::as_select())
+        .first::<ReservationRow>(conn)
+        .await
+        .optional()
+        .context("read a reservation")?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let refund_rows = refunds::table
+        .filter(refunds::reservation_id.eq(&id))
+        .order((refunds::created_at.asc(), refunds::id.asc()))
+        .select(RefundRow::as_select())
+        .load::<RefundRow>(conn)
+        .await
+        .context("read a reservation's refunds")?;
+    let mut reservation = row.into_reservation()?;
+    reservation.refunds = refund_rows
+        .into_iter()
+        .map(RefundRow::into_refund)
+        .collect::<StoreResult<_>>()?;
+    Ok(Some(reservation.effective(now)))
+}
+
+fn parse_status<T>(parse: fn(&str) -> Option<T>, text: &str) -> StoreResult<T> {
+    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown status {text:?}")))
+}
+
+fn parse_reservation_id(text: &str) -> StoreResult<ReservationId> {
+    ReservationId::parse(text)
+        .ok_or_else(|| StoreError::Corrupt(format!("bad reservation id {text:?}")))
+}
+
+#[derive(QueryableByName, Selectable, Queryable)]
+#[diesel(table_name = assets, check_for_backend(diesel::pg::Pg))]
+struct AssetRow {
+    id: String,
+    name: String,
+    status: String,
+    hold_expires_at: Option<Timestamp>,
+    current_reservation_id: Option<String>,
+    version: i64,
+    created_at: Timestamp,
+    updated_at: Timestamp,
+}
+
+impl AssetRow {
+    fn into_asset(self, now: Timestamp) -> StoreResult<Asset> {
+        Ok(Asset {
+            id: self.id,
+            name: self.name,
+            status: parse_status(AssetStatus::parse, &self.status)?,
+            hold_expires_at: self.hold_expires_at,
+            current_reservation_id: self.current_reservation_id,
+            version: self.version,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        }
+        .effective(now))
+    }
+}
+
+#[derive(QueryableByName)]
+struct NowAssetRow {
+    #[diesel(sql_type = Timestamptz)]
+    now: Timestamp,
+    #[diesel(embed)]
+    asset: AssetRow,
+}
+
+#[derive(QueryableByName, Selectable, Queryable)]
+#[diesel(table_name = reservations, check_for_backend(diesel::pg::Pg))]
+struct ReservationRow {
+    id: String,
+    asset_id: String,
+    buyer_id: String,
+    status: String,
+    expires_at: Timestamp,
+    created_at: Timestamp,
+    committed_at: Option<Timestamp>,
+    released_at: Option<Timestamp>,
+    payment_reference: Option<String>,
+}
+
+impl ReservationRow {
+    /// The reservation as stored (status not yet made effective), no refunds.
+    fn into_reservation(self) -> StoreResult<Reservation> {
+        Ok(Reservation {
+            reservation_id: self.id,
+            asset_id: self.asset_id,
+            buyer_id: self.buyer_id,
+            status: parse_status(ReservationStatus::parse, &self.status)?,
+            expires_at: self.expires_at,
+            created_at: self.created_at,
+            committed_at: self.committed_at,
+            released_at: self.released_at,
+            payment_reference: self.payment_reference,
+            refunds: Vec::new(),
+        })
+    }
+}
+
+#[derive(QueryableByName)]
+struct TransitionRow {
+    #[diesel(embed)]
+    reservation: ReservationRow,
+    #[diesel(sql_type = BigInt)]
+    event_sequence: i64,
+}
+
+/// The columns of a LEFT JOINed reservation, all nullable.
+#[derive(QueryableByName)]
+struct MaybeReservationRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    asset_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    buyer_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    status: Option<String>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    expires_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    created_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    committed_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    released_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Text>)]
+    payment_reference: Option<String>,
+}
+
+impl MaybeReservationRow {
+    fn into_reservation(self) -> StoreResult<Option<Reservation>> {
+        let (
+            Some(id),
+            Some(asset_id),
+            Some(buyer_id),
+            Some(status),
+            Some(expires_at),
+            Some(created_at),
+        ) = (
+            self.id,
+            self.asset_id,
+            self.buyer_id,
+            self.status,
+            self.expires_at,
+            self.created_at,
+        )
+        else {
+            return Ok(None);
+        };
+        ReservationRow {
+            id,
+            asset_id,
+            buyer_id,
+            status,
+            expires_at,
+            created_at,
+            committed_at: self.committed_at,
+            released_at: self.released_at,
+            payment_reference: self.payment_reference,
+        }
+        .into_reservation()
+        .map(Some)
+    }
+}
+
+/// The columns of a LEFT JOINed idempotency record, all nullable.
+#[derive(QueryableByName)]
+struct MaybeStoredRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    fingerprint: Option<String>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    status_code: Option<i32>,
+    #[diesel(sql_type = Nullable<Text>)]
+    body: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    location: Option<String>,
+}
+
+impl MaybeStoredRow {
+    fn into_answer(self) -> Option<StoredAnswer> {
+        Some(StoredAnswer {
+            fingerprint: self.fingerprint?,
+            status: u16::try_from(self.status_code?).ok()?,
+            body: self.body?,
+            location: self.location,
+        })
+    }
+}
+
+#[derive(QueryableByName)]
+struct HoldSnapshotRow {
+    #[diesel(sql_type = Timestamptz)]
+    now: Timestamp,
+    #[diesel(sql_type = Nullable<Text>)]
+    status: Option<String>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    hold_expires_at: Option<Timestamp>,
+    #[diesel(embed)]
+    stored: MaybeStoredRow,
+}
+
+#[derive(QueryableByName)]
+struct ReservationSnapshotRow {
+    #[diesel(sql_type = Timestamptz)]
+    now: Timestamp,
+    #[diesel(embed)]
+    reservation: MaybeReservationRow,
+    #[diesel(embed)]
+    stored: MaybeStoredRow,
+}
+
+#[derive(QueryableByName)]
+struct Claimed {
+    #[diesel(sql_type = BigInt)]
+    claimed: i64,
+}
+
+#[derive(Selectable, Queryable)]
+#[diesel(table_name = refunds, check_for_backend(diesel::pg::Pg))]
+struct RefundRow {
+    id: String,
+    reservation_id: String,
+    asset_id: String,
+    payment_reference: String,
+    reason: String,
+    status: String,
+    created_at: Timestamp,
+}
+
+impl RefundRow {
+    fn into_refund(self) -> StoreResult<Refund> {
+        Ok(Refund {
+            refund_id: self.id,
+            reservation_id: self.reservation_id,
+            asset_id: self.asset_id,
+            payment_reference: self.payment_reference,
+            reason: parse_status(RefundReason::parse, &self.reason)?,
+            status: parse_status(RefundStatus::parse, &self.status)?,
+            created_at: self.created_at,
+        })
+    }
+}
+
+#[derive(Selectable, Queryable)]
+#[diesel(table_name = events, check_for_backend(diesel::pg::Pg))]
+struct EventRow {
+    id: String,
+    asset_id: String,
+    sequence: i64,
+    event_type: String,
+    data: String,
+    created_at: Timestamp,
+}
+
+impl EventRow {
+    fn into_event(self) -> StoreResult<Event> {
+        let data = serde_json::value::RawValue::from_string(self.data)
+            .map_err(|e| StoreError::Corrupt(format!("event {} has invalid data: {e}", self.id)))?;
+        Ok(Event {
+            event_type: parse_status(EventType::parse, &self.event_type)?,
+            id: self.id,
+            asset_id: self.asset_id,
+            sequence: self.sequence,
+            created_at: self.created_at,
+            data,
+        })
+    }
+}
+
+struct NewEvent {
+    id: String,
+    asset_id: String,
+    sequence: i64,
+    event_type: EventType,
+    data: String,
+    created_at: Timestamp,
+}
+
+impl NewEvent {
+    fn new(
+        asset_id: &str,
+        sequence: i64,
+        event_type: EventType,
+        data: String,
+        created_at: Timestamp,
+    ) -> Self {
+        Self {
+            id: EventId::generate().to_string(),
+            asset_id: asset_id.to_owned(),
+            sequence,
+            event_type,
+            data,
+            created_at,
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn values(
+        &self,
+    ) -> (
+        diesel::dsl::Eq<events::id, &str>,
+        diesel::dsl::Eq<events::asset_id, &str>,
+        diesel::dsl::Eq<events::sequence, i64>,
+        diesel::dsl::Eq<events::event_type, &'static str>,
+        diesel::dsl::Eq<events::data, &str>,
+        diesel::dsl::Eq<events::created_at, Timestamp>,
+    ) {
+        (
+            events::id.eq(self.id.as_str()),
+            events::asset_id.eq(self.asset_id.as_str()),
+            events::sequence.eq(self.sequence),
+            events::event_type.eq(self.event_type.as_str()),
+            events::data.eq(self.data.as_str()),
+            events::created_at.eq(self.created_at),
+        )
+    }
+}
