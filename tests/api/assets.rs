@@ -1,0 +1,171 @@
+use serde_json::json;
+
+use crate::backend_tests;
+use crate::helpers::{unique, TestApp};
+
+async fn create_asset_answers_201_with_location(app: TestApp) {
+    let id = unique("EQ");
+    let response = app
+        .post("/v1/assets", None, &json!({"id": id, "name": "Excavator"}))
+        .await;
+    assert_eq!(response.status(), 201);
+    assert_eq!(
+        response.headers()["location"],
+        format!("/v1/assets/{id}").as_str()
+    );
+    let asset: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(asset["id"], id.as_str());
+    assert_eq!(asset["name"], "Excavator");
+    assert_eq!(asset["status"], "AVAILABLE");
+    assert_eq!(asset["hold_expires_at"], serde_json::Value::Null);
+    assert_eq!(asset["current_reservation_id"], serde_json::Value::Null);
+    assert_eq!(asset["version"], 1);
+    assert_eq!(asset["created_at"], asset["updated_at"]);
+    assert_eq!(app.get_json(&format!("/v1/assets/{id}")).await, asset);
+}
+
+async fn duplicate_asset_is_409_asset_exists(app: TestApp) {
+    app.create_asset("EQ-7").await;
+    let response = app
+        .post("/v1/assets", None, &json!({"id": "EQ-7", "name": "Other"}))
+        .await;
+    assert_eq!(response.status(), 409);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error_code"], "ASSET_EXISTS");
+    assert_eq!(app.get_json("/v1/assets/EQ-7").await["name"], "Lot EQ-7");
+}
+
+async fn invalid_asset_fields_are_422_listing_each(app: TestApp) {
+    let response = app
+        .post("/v1/assets", None, &json!({"id": "-bad id", "name": ""}))
+        .await;
+    assert_eq!(response.status(), 422);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error_code"], "VALIDATION_FAILED");
+    let fields: Vec<&str> = body["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["id", "name"]);
+
+    let response = app
+        .post(
+            "/v1/assets",
+            None,
+            &json!({"id": "A1", "name": "x", "colour": "red"}),
+        )
+        .await;
+    assert_eq!(response.status(), 422);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["errors"][0]["field"], "colour");
+
+    let response = app.post("/v1/assets", None, &json!({"id": "A1"})).await;
+    assert_eq!(response.status(), 422);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["errors"][0]["field"], "name");
+
+    let response = app
+        .post("/v1/assets", None, &json!({"id": 12, "name": "x"}))
+        .await;
+    assert_eq!(response.status(), 422);
+    assert_eq!(app.count("SELECT count(*) FROM assets").await, 0);
+}
+
+async fn unknown_asset_is_404(app: TestApp) {
+    for path in [
+        "/v1/assets/NOPE-1",
+        "/v1/assets/-not-an-id",
+        "/v1/assets/NOPE-1/events",
+    ] {
+        let response = app.get(path).await;
+        assert_eq!(response.status(), 404, "{path}");
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error_code"], "ASSET_NOT_FOUND");
+    }
+}
+
+async fn list_pages_by_cursor_and_filters_by_effective_status(app: TestApp) {
+    for i in 0..7 {
+        app.create_asset(&format!("L-{i}")).await;
+    }
+    let held = app.hold("L-1", "b", 600).await;
+    let lapsing = app.hold("L-2", "b", 1).await;
+    let sold = app.hold("L-3", "b", 600).await;
+    let r = app
+        .commit(sold["reservation_id"].as_str().unwrap(), "c-1", "pay-1")
+        .await;
+    assert_eq!(r.status(), 200);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert!(lapsing["reservation_id"].is_string());
+
+    // All, three at a time.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/assets?limit=3&cursor={c}"),
+            None => "/v1/assets?limit=3".to_owned(),
+        };
+        let page = app.get_json(&path).await;
+        for item in page["items"].as_array().unwrap() {
+            seen.push(item["id"].as_str().unwrap().to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["L-0", "L-1", "L-2", "L-3", "L-4", "L-5", "L-6"]);
+
+    let ids = |page: serde_json::Value| -> Vec<String> {
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(ids(app.get_json("/v1/assets?status=HELD").await), ["L-1"]);
+    assert_eq!(ids(app.get_json("/v1/assets?status=SOLD").await), ["L-3"]);
+    // The lapsed hold reads AVAILABLE before any sweep.
+    assert_eq!(
+        ids(app.get_json("/v1/assets?status=AVAILABLE").await),
+        ["L-0", "L-2", "L-4", "L-5", "L-6"]
+    );
+    let page = app.get_json("/v1/assets?status=HELD").await;
+    assert_eq!(
+        page["items"][0]["current_reservation_id"],
+        held["reservation_id"]
+    );
+    assert_eq!(page["next_cursor"], serde_json::Value::Null);
+}
+
+async fn list_rejects_bad_parameters_with_422(app: TestApp) {
+    for query in [
+        "limit=0",
+        "limit=501",
+        "limit=ten",
+        "status=GONE",
+        "cursor=%21%21",
+    ] {
+        let response = app.get(&format!("/v1/assets?{query}")).await;
+        assert_eq!(response.status(), 422, "{query}");
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error_code"], "VALIDATION_FAILED", "{query}");
+    }
+}
+
+backend_tests!(
+    create_asset_answers_201_with_location,
+    duplicate_asset_is_409_asset_exists,
+    invalid_asset_fields_are_422_listing_each,
+    unknown_asset_is_404,
+    list_pages_by_cursor_and_filters_by_effective_status,
+    list_rejects_bad_parameters_with_422,
+);

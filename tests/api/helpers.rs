@@ -1,0 +1,582 @@
+//! Test harness: the real application on a free port, over real HTTP, against
+//! a database of its own (a fresh PostgreSQL database cloned from a migrated
+//! template, or a fresh SQLite file), dropped afterwards.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use holdfast::{Application, Config, Store};
+use reqwest::{Client, Method, Response};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// Runs each listed test body once per backend.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(app) = $crate::helpers::TestApp::try_spawn($crate::helpers::Backend::Postgres).await {
+                        super::$name(app).await;
+                    }
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(app) = $crate::helpers::TestApp::try_spawn($crate::helpers::Backend::Sqlite).await {
+                        super::$name(app).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+pub struct TestApp {
+    pub backend: Backend,
+    pub address: String,
+    pub client: Client,
+    pub store: Store,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    db: TestDb,
+}
+
+impl TestApp {
+    /// The app with test settings: hold lengths from 1 s, no background janitor.
+    pub async fn try_spawn(backend: Backend) -> Option<Self> {
+        Self::try_spawn_with(backend, |_| {}).await
+    }
+
+    pub async fn try_spawn_with(
+        backend: Backend,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Option<Self> {
+        let db = TestDb::create(backend).await?;
+        let mut config = Config::with_database(db.url.clone());
+        config.bind = "127.0.0.1:0".parse().expect("a socket address");
+        config.hold_seconds_min = 1;
+        config.janitor_interval_seconds = 0;
+        config.workers = 2;
+        adjust(&mut config);
+        Some(Self::start(backend, config, db).await)
+    }
+
+    async fn start(backend: Backend, config: Config, db: TestDb) -> Self {
+        let app = Application::build(config.clone(), true)
+            .await
+            .expect("the application starts");
+        let address = format!("http://127.0.0.1:{}", app.port());
+        let store = app.store().clone();
+        let server = tokio::spawn(app.run_until_stopped());
+        let client = Client::builder()
+            .timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(200)
+            .build()
+            .expect("an HTTP client");
+        Self {
+            backend,
+            address,
+            client,
+            store,
+            server: Some(server),
+            db,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.address, path)
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("GET is sent")
+    }
+
+    pub async fn get_json(&self, path: &str) -> Value {
+        let response = self.get(path).await;
+        assert_eq!(response.status(), 200, "GET {path}");
+        response.json().await.expect("a JSON body")
+    }
+
+    /// POST a JSON body, with an Idempotency-Key when given.
+    pub async fn post(&self, path: &str, key: Option<&str>, body: &Value) -> Response {
+        let mut request = self.client.post(self.url(path)).json(body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request.send().await.expect("POST is sent")
+    }
+
+    pub async fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.client.request(method, self.url(path))
+    }
+
+    pub async fn create_asset(&self, id: &str) -> Value {
+        let response = self
+            .post(
+                "/v1/assets",
+                None,
+                &serde_json::json!({"id": id, "name": format!("Lot {id}")}),
+            )
+            .await;
+        assert_eq!(response.status(), 201, "create asset {id}");
+        response.json().await.expect("an asset")
+    }
+
+    /// Holds `asset` for `buyer` and returns the reservation.
+    pub async fn hold(&self, asset: &str, buyer: &str, hold_seconds: i64) -> Value {
+        let response = self
+            .post(
+                &format!("/v1/assets/{asset}/reservations"),
+                Some(&new_key()),
+                &serde_json::json!({"buyer_id": buyer, "hold_seconds": hold_seconds}),
+            )
+            .await;
+        assert_eq!(response.status(), 201, "hold {asset}");
+        response.json().await.expect("a reservation")
+    }
+
+    pub async fn commit(&self, reservation: &str, key: &str, payment: &str) -> Response {
+        self.post(
+            &format!("/v1/reservations/{reservation}/commit"),
+            Some(key),
+            &serde_json::json!({"payment_reference": payment}),
+        )
+        .await
+    }
+
+    pub async fn release(&self, reservation: &str, key: &str) -> Response {
+        self.post(
+            &format!("/v1/reservations/{reservation}/release"),
+            Some(key),
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
+    /// Runs SQL directly against this test's database (for assertions and
+    /// for simulating time passing on stored rows).
+    pub async fn sql(&self, sql: &str) {
+        self.db.execute(sql).await;
+    }
+
+    /// Counts rows with a `SELECT count(*) …` query.
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.db.count(sql).await
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+    }
+}
+
+pub fn new_key() -> String {
+    ulid::Ulid::new().to_string()
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", ulid::Ulid::new())
+}
+
+/// A database of one test's own.
+struct TestDb {
+    url: String,
+    kind: DbKind,
+}
+
+enum DbKind {
+    Postgres { admin_url: String, name: String },
+    Sqlite { dir: PathBuf },
+}
+
+impl TestDb {
+    async fn create(backend: Backend) -> Option<Self> {
+        match backend {
+            Backend::Sqlite => {
+                let dir = std::env::temp_dir().join(format!("holdfast-test-{}", ulid::Ulid::new()));
+                std::fs::create_dir_all(&dir).expect("a temporary directory");
+                let url = format!("sqlite://{}", dir.join("holdfast.db").display());
+                Some(Self {
+                    url,
+                    kind: DbKind::Sqlite { dir },
+                })
+            }
+            Backend::Postgres => {
+                let server = postgres_server().await?;
+                let template = migrated_template(&server).await;
+                let name = format!(
+                    "holdfast_t_{}",
+                    ulid::Ulid::new().to_string().to_lowercase()
+                );
+                let mut admin = AsyncPgConnection::establish(&server.admin_url)
+                    .await
+                    .expect("connect to PostgreSQL as admin");
+                admin
+                    .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
+                    .await
+                    .expect("create a test database");
+                Some(Self {
+                    url: server.database_url(&name),
+                    kind: DbKind::Postgres {
+                        admin_url: server.admin_url.clone(),
+                        name,
+                    },
+                })
+            }
+        }
+    }
+
+    async fn execute(&self, sql: &str) {
+        match &self.kind {
+            DbKind::Postgres { .. } => {
+                let mut conn = AsyncPgConnection::establish(&self.url)
+                    .await
+                    .expect("connect");
+                conn.batch_execute(sql).await.expect("SQL runs");
+            }
+            DbKind::Sqlite { dir } => {
+                use diesel::connection::SimpleConnection;
+                use diesel::Connection;
+                let mut conn = diesel::SqliteConnection::establish(
+                    &dir.join("holdfast.db").display().to_string(),
+                )
+                .expect("open SQLite");
+                conn.batch_execute("PRAGMA busy_timeout = 5000;")
+                    .expect("busy timeout");
+                conn.batch_execute(sql).expect("SQL runs");
+            }
+        }
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let sql = format!("SELECT ({sql}) AS n");
+        match &self.kind {
+            DbKind::Postgres { .. } => {
+                use diesel_async::RunQueryDsl;
+                let mut conn = AsyncPgConnection::establish(&self.url)
+                    .await
+                    .expect("connect");
+                diesel::sql_query(sql)
+                    .get_result::<Count>(&mut conn)
+                    .await
+                    .expect("count")
+                    .n
+            }
+            DbKind::Sqlite { dir } => {
+                use diesel::{Connection, RunQueryDsl};
+                let mut conn = diesel::SqliteConnection::establish(
+                    &dir.join("holdfast.db").display().to_string(),
+                )
+                .expect("open SQLite");
+                diesel::sql_query(sql)
+                    .get_result::<Count>(&mut conn)
+                    .expect("count")
+                    .n
+            }
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        match &self.kind {
+            DbKind::Sqlite { dir } => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            DbKind::Postgres { admin_url, name } => {
+                let (admin_url, name) = (admin_url.clone(), name.clone());
+                // Drop runs inside the test's runtime: use a thread of our own.
+                let _ = std::thread::spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build();
+                    if let Ok(runtime) = runtime {
+                        runtime.block_on(async {
+                            if let Ok(mut admin) = AsyncPgConnection::establish(&admin_url).await {
+                                let _ = admin
+                                    .batch_execute(&format!(
+                                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                                    ))
+                                    .await;
+                            }
+                        });
+                    }
+                })
+                .join();
+            }
+        }
+    }
+}
+
+/// A PostgreSQL server the tests may create databases on.
+struct PgServer {
+    /// `postgres://user@host:port`
+    base: String,
+    admin_url: String,
+}
+
+impl PgServer {
+    fn new(base: String) -> Self {
+        let admin_url = format!("{base}/postgres");
+        Self { base, admin_url }
+    }
+
+    fn database_url(&self, name: &str) -> String {
+        format!("{}/{name}", self.base)
+    }
+}
+
+/// Finds PostgreSQL: `HOLDFAST_TEST_DATABASE_URL` (a server URL without a
+/// database), else the local server on 127.0.0.1:5432, else a private
+/// cluster started with the local initdb/pg_ctl. Without one the test is
+/// skipped loudly, except under `CI=true`, where it fails.
+async fn postgres_server() -> Option<&'static PgServer> {
+    static SERVER: tokio::sync::OnceCell<Option<PgServer>> = tokio::sync::OnceCell::const_new();
+    SERVER
+        .get_or_init(|| async {
+            let mut candidates = Vec::new();
+            if let Ok(url) = std::env::var("HOLDFAST_TEST_DATABASE_URL") {
+                candidates.push(url.trim_end_matches('/').to_owned());
+            }
+            candidates.push("postgres://postgres@127.0.0.1:5432".to_owned());
+            for base in candidates {
+                let server = PgServer::new(base);
+                if AsyncPgConnection::establish(&server.admin_url).await.is_ok() {
+                    return Some(server);
+                }
+            }
+            if let Some(base) = private_cluster() {
+                let server = PgServer::new(base);
+                for _ in 0..50 {
+                    if AsyncPgConnection::establish(&server.admin_url).await.is_ok() {
+                        return Some(server);
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            None
+        })
+        .await
+        .as_ref()
+        .or_else(|| {
+            let message = "no PostgreSQL server found (set HOLDFAST_TEST_DATABASE_URL, run one on 127.0.0.1:5432, or install initdb/pg_ctl)";
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{message}; PostgreSQL tests cannot be skipped under CI=true");
+            }
+            eprintln!("SKIPPED: {message}");
+            None
+        })
+}
+
+/// Starts (once per machine) a throwaway cluster on port 55432 owned by the
+/// `postgres` user, using the local initdb and pg_ctl.
+fn private_cluster() -> Option<String> {
+    let bin = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("bin"))
+        .find(|p| p.join("initdb").exists())?;
+    let dir = std::env::temp_dir().join("holdfast-test-pg");
+    let data = dir.join("data");
+    let as_postgres = |args: &[&str]| {
+        let status = std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .args(args)
+            .status();
+        status.is_ok_and(|s| s.success())
+    };
+    if !data.join("PG_VERSION").exists() {
+        std::fs::create_dir_all(&dir).ok()?;
+        std::process::Command::new("chown")
+            .args(["postgres"])
+            .arg(&dir)
+            .status()
+            .ok()?;
+        let ok = as_postgres(&[
+            bin.join("initdb").to_str()?,
+            "-D",
+            data.to_str()?,
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+        ]);
+        if !ok {
+            return None;
+        }
+    }
+    let log = dir.join("log");
+    as_postgres(&[
+        bin.join("pg_ctl").to_str()?,
+        "-D",
+        data.to_str()?,
+        "-o",
+        "-p 55432 -k /tmp -c listen_addresses=127.0.0.1",
+        "-l",
+        log.to_str()?,
+        "-w",
+        "start",
+    ]);
+    Some("postgres://postgres@127.0.0.1:55432".to_owned())
+}
+
+/// A database migrated once per migration set, cloned for every test.
+async fn migrated_template(server: &PgServer) -> String {
+    static TEMPLATE: OnceLock<String> = OnceLock::new();
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    if let Some(name) = TEMPLATE.get() {
+        return name.clone();
+    }
+    let _guard = LOCK.lock().await;
+    if let Some(name) = TEMPLATE.get() {
+        return name.clone();
+    }
+    let name = format!("holdfast_tpl_{}", migrations_digest());
+    let mut admin = AsyncPgConnection::establish(&server.admin_url)
+        .await
+        .expect("connect to PostgreSQL as admin");
+    // Several test processes may race to build the template.
+    admin
+        .batch_execute("SELECT pg_advisory_lock(4242)")
+        .await
+        .expect("template lock");
+    #[derive(diesel::QueryableByName)]
+    struct Exists {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        exists: bool,
+    }
+    let exists = {
+        use diesel_async::RunQueryDsl;
+        diesel::sql_query(format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = '{name}') AS exists"
+        ))
+        .get_result::<Exists>(&mut admin)
+        .await
+        .expect("look for the template")
+        .exists
+    };
+    if !exists {
+        let building = format!("{name}_building");
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {building} WITH (FORCE)"),
+            format!("CREATE DATABASE {building}"),
+        ] {
+            admin
+                .batch_execute(&sql)
+                .await
+                .expect("create the template");
+        }
+        {
+            let store = Store::open(&Config::with_database(server.database_url(&building)))
+                .await
+                .expect("open the template");
+            store.migrate().await.expect("migrate the template");
+        }
+        // The migration's pool may linger for a moment; end its sessions.
+        for sql in [
+            format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{building}'"),
+            format!("ALTER DATABASE {building} RENAME TO {name}"),
+        ] {
+            admin.batch_execute(&sql).await.expect("publish the template");
+        }
+    }
+    admin
+        .batch_execute("SELECT pg_advisory_unlock(4242)")
+        .await
+        .expect("template unlock");
+    let _ = TEMPLATE.set(name.clone());
+    name
+}
+
+/// A short digest of the PostgreSQL migrations, naming the template.
+fn migrations_digest() -> String {
+    use sha2::{Digest, Sha256};
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations/postgres");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("migrations/postgres")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    let mut hash = Sha256::new();
+    for dir in dirs {
+        hash.update(
+            dir.file_name()
+                .map(|n| n.as_encoded_bytes().to_vec())
+                .unwrap_or_default(),
+        );
+        hash.update(std::fs::read(dir.join("up.sql")).unwrap_or_default());
+    }
+    hash.finalize()
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A transaction left open outside the service, holding its locks.
+pub enum Blocker {
+    Postgres(AsyncPgConnection),
+    Sqlite(diesel::SqliteConnection),
+}
+
+impl Blocker {
+    pub async fn release(self) {
+        match self {
+            Blocker::Postgres(mut conn) => conn.batch_execute("ROLLBACK").await.expect("rollback"),
+            Blocker::Sqlite(mut conn) => {
+                use diesel::connection::SimpleConnection;
+                conn.batch_execute("ROLLBACK").expect("rollback");
+            }
+        }
+    }
+}
+
+impl TestApp {
+    /// Opens a transaction with `sql` and keeps it open until released.
+    pub async fn hold_lock_open(&self, sql: &str) -> Blocker {
+        match &self.db.kind {
+            DbKind::Postgres { .. } => {
+                let mut conn = AsyncPgConnection::establish(&self.db.url)
+                    .await
+                    .expect("connect");
+                conn.batch_execute(sql).await.expect("lock");
+                Blocker::Postgres(conn)
+            }
+            DbKind::Sqlite { dir } => {
+                use diesel::connection::SimpleConnection;
+                use diesel::Connection;
+                let mut conn = diesel::SqliteConnection::establish(
+                    &dir.join("holdfast.db").display().to_string(),
+                )
+                .expect("open SQLite");
+                conn.batch_execute(sql).expect("lock");
+                Blocker::Sqlite(conn)
+            }
+        }
+    }
+}

@@ -1,0 +1,191 @@
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::backend_tests;
+use crate::helpers::{new_key, TestApp};
+
+async fn hold_creates_a_reservation_and_the_asset_reads_held(app: TestApp) {
+    app.create_asset("H-1").await;
+    let response = app
+        .post(
+            "/v1/assets/H-1/reservations",
+            Some("k-1"),
+            &json!({"buyer_id": "buyer-1", "hold_seconds": 120}),
+        )
+        .await;
+    assert_eq!(response.status(), 201);
+    let location = response.headers()["location"].to_str().unwrap().to_owned();
+    assert!(response.headers().get("idempotent-replayed").is_none());
+    let r: Value = response.json().await.unwrap();
+    let id = r["reservation_id"].as_str().unwrap();
+    assert!(id.starts_with("res_") && id.len() == 30, "{id}");
+    assert_eq!(location, format!("/v1/reservations/{id}"));
+    assert_eq!(r["asset_id"], "H-1");
+    assert_eq!(r["buyer_id"], "buyer-1");
+    assert_eq!(r["status"], "HELD");
+    assert_eq!(r["refunds"], json!([]));
+    let created = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap()).unwrap();
+    let expires = chrono::DateTime::parse_from_rfc3339(r["expires_at"].as_str().unwrap()).unwrap();
+    assert_eq!((expires - created).num_seconds(), 120);
+
+    let asset = app.get_json("/v1/assets/H-1").await;
+    assert_eq!(asset["status"], "HELD");
+    assert_eq!(asset["hold_expires_at"], r["expires_at"]);
+    assert_eq!(asset["current_reservation_id"], id);
+    assert_eq!(asset["version"], 2);
+    assert_eq!(app.get_json(&location).await, r);
+
+    let events = app.get_json("/v1/assets/H-1/events").await;
+    assert_eq!(events["items"].as_array().unwrap().len(), 1);
+    assert_eq!(events["items"][0]["type"], "reservation.held");
+    assert_eq!(events["items"][0]["sequence"], 1);
+    assert_eq!(events["items"][0]["data"], r);
+}
+
+async fn hold_defaults_to_600_seconds(app: TestApp) {
+    app.create_asset("H-2").await;
+    let response = app
+        .post(
+            "/v1/assets/H-2/reservations",
+            Some(&new_key()),
+            &json!({"buyer_id": "b"}),
+        )
+        .await;
+    assert_eq!(response.status(), 201);
+    let r: Value = response.json().await.unwrap();
+    let created = chrono::DateTime::parse_from_rfc3339(r["created_at"].as_str().unwrap()).unwrap();
+    let expires = chrono::DateTime::parse_from_rfc3339(r["expires_at"].as_str().unwrap()).unwrap();
+    assert_eq!((expires - created).num_seconds(), 600);
+}
+
+async fn taken_asset_is_409_telling_held_from_sold(app: TestApp) {
+    app.create_asset("H-3").await;
+    let first = app.hold("H-3", "a", 300).await;
+    let response = app
+        .post(
+            "/v1/assets/H-3/reservations",
+            Some(&new_key()),
+            &json!({"buyer_id": "b"}),
+        )
+        .await;
+    assert_eq!(response.status(), 409);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error_code"], "ASSET_UNAVAILABLE");
+    assert_eq!(body["asset_status"], "HELD");
+    assert_eq!(body["hold_expires_at"], first["expires_at"]);
+    assert_eq!(body["status"], 409);
+    assert_eq!(body["type"], "about:blank");
+
+    let r = app
+        .commit(first["reservation_id"].as_str().unwrap(), "c", "pay-h3")
+        .await;
+    assert_eq!(r.status(), 200);
+    let response = app
+        .post(
+            "/v1/assets/H-3/reservations",
+            Some(&new_key()),
+            &json!({"buyer_id": "b"}),
+        )
+        .await;
+    assert_eq!(response.status(), 409);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["asset_status"], "SOLD");
+    assert!(body.get("hold_expires_at").is_none());
+    // Losers write nothing.
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
+    assert_eq!(app.count("SELECT count(*) FROM idempotency_keys").await, 2);
+}
+
+async fn hold_on_unknown_asset_is_404(app: TestApp) {
+    for path in [
+        "/v1/assets/NOPE/reservations",
+        "/v1/assets/-bad/reservations",
+    ] {
+        let response = app
+            .post(path, Some(&new_key()), &json!({"buyer_id": "b"}))
+            .await;
+        assert_eq!(response.status(), 404, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error_code"], "ASSET_NOT_FOUND");
+    }
+}
+
+async fn hold_fields_are_validated(app: TestApp) {
+    app.create_asset("H-4").await;
+    let long_buyer = "b".repeat(65);
+    for body in [
+        json!({"buyer_id": "b", "hold_seconds": 0}),
+        json!({"buyer_id": "b", "hold_seconds": 3601}),
+        json!({"buyer_id": "b", "hold_seconds": 1.5}),
+        json!({"buyer_id": "b", "hold_seconds": "60"}),
+        json!({"buyer_id": ""}),
+        json!({"buyer_id": long_buyer}),
+        json!({"hold_seconds": 60}),
+        json!({"buyer_id": "b", "hold": 60}),
+    ] {
+        let response = app
+            .post("/v1/assets/H-4/reservations", Some(&new_key()), &body)
+            .await;
+        assert_eq!(response.status(), 422, "{body}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["error_code"], "VALIDATION_FAILED", "{body}");
+        assert!(problem["errors"][0]["field"].is_string(), "{body}");
+    }
+    assert_eq!(app.get_json("/v1/assets/H-4").await["status"], "AVAILABLE");
+}
+
+async fn lapsed_hold_reads_over_and_is_reclaimed_by_the_next_hold(app: TestApp) {
+    app.create_asset("H-5").await;
+    let first = app.hold("H-5", "slow", 1).await;
+    let first_id = first["reservation_id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // Effective status before any sweep.
+    let asset = app.get_json("/v1/assets/H-5").await;
+    assert_eq!(asset["status"], "AVAILABLE");
+    assert_eq!(asset["hold_expires_at"], Value::Null);
+    assert_eq!(asset["current_reservation_id"], Value::Null);
+    let r = app.get_json(&format!("/v1/reservations/{first_id}")).await;
+    assert_eq!(r["status"], "EXPIRED");
+
+    // The next hold claims it; the displaced reservation is EXPIRED in the same transaction.
+    let second = app.hold("H-5", "quick", 300).await;
+    assert_eq!(
+        app.get_json("/v1/assets/H-5").await["current_reservation_id"],
+        second["reservation_id"]
+    );
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM reservations WHERE id = '{first_id}' AND status = 'EXPIRED'"
+        ))
+        .await,
+        1
+    );
+    let events = app.get_json("/v1/assets/H-5/events").await;
+    let kinds: Vec<(&str, i64)> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["type"].as_str().unwrap(), e["sequence"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("reservation.held", 1),
+            ("reservation.expired", 2),
+            ("reservation.held", 3)
+        ]
+    );
+    assert_eq!(events["items"][1]["data"]["reservation_id"], first_id);
+    assert_eq!(events["items"][1]["data"]["status"], "EXPIRED");
+}
+
+backend_tests!(
+    hold_creates_a_reservation_and_the_asset_reads_held,
+    hold_defaults_to_600_seconds,
+    taken_asset_is_409_telling_held_from_sold,
+    hold_on_unknown_asset_is_404,
+    hold_fields_are_validated,
+    lapsed_hold_reads_over_and_is_reclaimed_by_the_next_hold,
+);

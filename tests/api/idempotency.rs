@@ -1,0 +1,150 @@
+use serde_json::{json, Value};
+
+use crate::backend_tests;
+use crate::helpers::TestApp;
+
+async fn replay_of_a_201_is_a_byte_identical_200(app: TestApp) {
+    app.create_asset("I-1").await;
+    let body = json!({"buyer_id": "b", "hold_seconds": 300});
+    let first = app
+        .post("/v1/assets/I-1/reservations", Some("key-1"), &body)
+        .await;
+    assert_eq!(first.status(), 201);
+    let location = first.headers()["location"].clone();
+    let first_bytes = first.bytes().await.unwrap();
+    for _ in 0..2 {
+        let replay = app
+            .post("/v1/assets/I-1/reservations", Some("key-1"), &body)
+            .await;
+        assert_eq!(replay.status(), 200);
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(replay.headers()["location"], location);
+        assert_eq!(replay.headers()["content-type"], "application/json");
+        assert_eq!(replay.bytes().await.unwrap(), first_bytes);
+    }
+    // Members in another order and other whitespace are the same request.
+    let reordered = app
+        .client
+        .post(app.url("/v1/assets/I-1/reservations"))
+        .header("Idempotency-Key", "key-1")
+        .header("Content-Type", "application/json")
+        .body("{ \"hold_seconds\": 300,\n \"buyer_id\": \"b\" }")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reordered.status(), 200);
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
+}
+
+async fn the_key_is_required_and_bounded(app: TestApp) {
+    app.create_asset("I-2").await;
+    let body = json!({"buyer_id": "b"});
+    let long = "k".repeat(256);
+    for key in [None, Some(""), Some(long.as_str()), Some("tab\tkey")] {
+        let response = app.post("/v1/assets/I-2/reservations", key, &body).await;
+        assert_eq!(response.status(), 400, "{key:?}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["error_code"], "IDEMPOTENCY_KEY_INVALID");
+    }
+    let max = "k".repeat(255);
+    assert_eq!(
+        app.post("/v1/assets/I-2/reservations", Some(&max), &body)
+            .await
+            .status(),
+        201
+    );
+    let r = app.get_json("/v1/assets/I-2").await;
+    let id = r["current_reservation_id"].as_str().unwrap();
+    for path in [
+        format!("/v1/reservations/{id}/commit"),
+        format!("/v1/reservations/{id}/release"),
+    ] {
+        let response = app
+            .post(&path, None, &json!({"payment_reference": "p"}))
+            .await;
+        assert_eq!(response.status(), 400, "{path}");
+    }
+}
+
+async fn same_key_for_another_request_is_422_reused(app: TestApp) {
+    app.create_asset("I-3").await;
+    app.create_asset("I-4").await;
+    let first = app
+        .post(
+            "/v1/assets/I-3/reservations",
+            Some("shared"),
+            &json!({"buyer_id": "b"}),
+        )
+        .await;
+    assert_eq!(first.status(), 201);
+    let first: Value = first.json().await.unwrap();
+    for (path, body) in [
+        (
+            "/v1/assets/I-3/reservations".to_owned(),
+            json!({"buyer_id": "other"}),
+        ),
+        (
+            "/v1/assets/I-4/reservations".to_owned(),
+            json!({"buyer_id": "b"}),
+        ),
+        (
+            format!(
+                "/v1/reservations/{}/commit",
+                first["reservation_id"].as_str().unwrap()
+            ),
+            json!({"payment_reference": "p"}),
+        ),
+    ] {
+        let response = app.post(&path, Some("shared"), &body).await;
+        assert_eq!(response.status(), 422, "{path}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["error_code"], "IDEMPOTENCY_KEY_REUSED");
+    }
+    assert_eq!(app.get_json("/v1/assets/I-4").await["status"], "AVAILABLE");
+    assert_eq!(app.get_json("/v1/assets/I-3").await["status"], "HELD");
+}
+
+async fn rejections_are_not_stored_so_a_retry_runs_again(app: TestApp) {
+    app.create_asset("I-5").await;
+    let holder = app.hold("I-5", "first", 300).await;
+    let body = json!({"buyer_id": "second"});
+    let response = app
+        .post("/v1/assets/I-5/reservations", Some("retry-me"), &body)
+        .await;
+    assert_eq!(response.status(), 409);
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_keys WHERE key = 'retry-me'")
+            .await,
+        0
+    );
+    app.release(holder["reservation_id"].as_str().unwrap(), "rel")
+        .await;
+    let response = app
+        .post("/v1/assets/I-5/reservations", Some("retry-me"), &body)
+        .await;
+    assert_eq!(response.status(), 201);
+    assert!(response.headers().get("idempotent-replayed").is_none());
+}
+
+async fn stored_409_with_refund_replays_as_409(app: TestApp) {
+    app.create_asset("I-6").await;
+    let r = app.hold("I-6", "b", 300).await;
+    let id = r["reservation_id"].as_str().unwrap();
+    app.release(id, "rel").await;
+    let first = app.commit(id, "pay-key", "pay-1").await;
+    assert_eq!(first.status(), 409);
+    let first_bytes = first.bytes().await.unwrap();
+    let replay = app.commit(id, "pay-key", "pay-1").await;
+    assert_eq!(replay.status(), 409);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.headers()["content-type"], "application/problem+json");
+    assert_eq!(replay.bytes().await.unwrap(), first_bytes);
+}
+
+backend_tests!(
+    replay_of_a_201_is_a_byte_identical_200,
+    the_key_is_required_and_bounded,
+    same_key_for_another_request_is_422_reused,
+    rejections_are_not_stored_so_a_retry_runs_again,
+    stored_409_with_refund_replays_as_409,
+);

@@ -1,0 +1,13 @@
+//! Black-box tests: the real service over HTTP against real databases. Every
+//! test body runs once on PostgreSQL and once on SQLite.
+
+mod helpers;
+
+mod assets;
+mod commits;
+mod errors;
+mod holds;
+mod idempotency;
+mod janitor;
+mod races;
+mod releases;

@@ -1,0 +1,145 @@
+//! Races fought with real parallel requests.
+
+use futures_util::future::join_all;
+use serde_json::{json, Value};
+
+use crate::backend_tests;
+use crate::helpers::TestApp;
+
+async fn a_hundred_buyers_on_one_asset_make_one_winner(app: TestApp) {
+    app.create_asset("HOT-1").await;
+    let responses = join_all((0..100).map(|i| {
+        let app = &app;
+        async move {
+            let response = app
+                .post(
+                    "/v1/assets/HOT-1/reservations",
+                    Some(&format!("buyer-key-{i}")),
+                    &json!({"buyer_id": format!("buyer-{i}")}),
+                )
+                .await;
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.unwrap();
+            (status, body)
+        }
+    }))
+    .await;
+    let winners: Vec<&Value> = responses
+        .iter()
+        .filter(|(s, _)| *s == 201)
+        .map(|(_, b)| b)
+        .collect();
+    let losers = responses
+        .iter()
+        .filter(|(s, b)| *s == 409 && b["error_code"] == "ASSET_UNAVAILABLE")
+        .count();
+    assert_eq!(winners.len(), 1, "{responses:?}");
+    assert_eq!(losers, 99, "{responses:?}");
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
+    assert_eq!(app.count("SELECT count(*) FROM idempotency_keys").await, 1);
+    assert_eq!(app.count("SELECT count(*) FROM events").await, 1);
+    let asset = app.get_json("/v1/assets/HOT-1").await;
+    assert_eq!(
+        asset["current_reservation_id"],
+        winners[0]["reservation_id"]
+    );
+    assert_eq!(asset["version"], 2);
+}
+
+async fn thirty_duplicates_of_one_request_hold_once(app: TestApp) {
+    app.create_asset("DUP-1").await;
+    let responses = join_all((0..30).map(|_| {
+        let app = &app;
+        async move {
+            let response = app
+                .post(
+                    "/v1/assets/DUP-1/reservations",
+                    Some("same-key"),
+                    &json!({"buyer_id": "b"}),
+                )
+                .await;
+            let status = response.status().as_u16();
+            let replayed = response.headers().get("idempotent-replayed").is_some();
+            let body: Value = response.json().await.unwrap();
+            (status, replayed, body)
+        }
+    }))
+    .await;
+    let created: Vec<_> = responses.iter().filter(|(s, _, _)| *s == 201).collect();
+    assert_eq!(created.len(), 1, "{responses:?}");
+    let id = &created[0].2["reservation_id"];
+    for (status, replayed, body) in &responses {
+        match status {
+            201 => {}
+            200 => {
+                assert!(replayed);
+                assert_eq!(&body["reservation_id"], id);
+            }
+            409 => assert_eq!(body["error_code"], "IDEMPOTENCY_KEY_IN_USE"),
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
+}
+
+async fn commit_racing_release_ends_consistent(app: TestApp) {
+    let rounds = 12;
+    let mut reservations = Vec::new();
+    for i in 0..rounds {
+        let asset = format!("CR-{i}");
+        app.create_asset(&asset).await;
+        reservations.push(app.hold(&asset, "b", 300).await);
+    }
+    let outcomes = join_all(reservations.iter().enumerate().map(|(i, r)| {
+        let app = &app;
+        let id = r["reservation_id"].as_str().unwrap().to_owned();
+        async move {
+            let (commit_key, payment, release_key) = (
+                format!("commit-{i}"),
+                format!("pay-{i}"),
+                format!("release-{i}"),
+            );
+            let (commit, release) = tokio::join!(
+                app.commit(&id, &commit_key, &payment),
+                app.release(&id, &release_key)
+            );
+            let commit = (
+                commit.status().as_u16(),
+                commit.json::<Value>().await.unwrap(),
+            );
+            let release = (
+                release.status().as_u16(),
+                release.json::<Value>().await.unwrap(),
+            );
+            (format!("CR-{i}"), commit, release)
+        }
+    }))
+    .await;
+    let mut lost_commits = 0;
+    for (asset, (commit_status, commit), (release_status, release)) in outcomes {
+        let status = app.get_json(&format!("/v1/assets/{asset}")).await["status"].clone();
+        match (commit_status, release_status) {
+            (200, 409) => {
+                assert_eq!(release["error_code"], "RESERVATION_NOT_ACTIVE");
+                assert_eq!(status, "SOLD");
+            }
+            (409, 200) => {
+                assert_eq!(commit["error_code"], "RESERVATION_NOT_ACTIVE");
+                assert_eq!(commit["refund"]["reason"], "RESERVATION_RELEASED");
+                assert_eq!(status, "AVAILABLE");
+                lost_commits += 1;
+            }
+            other => panic!("both or neither won on {asset}: {other:?} {commit} {release}"),
+        }
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM refunds").await,
+        lost_commits
+    );
+}
+
+backend_tests!(
+    a_hundred_buyers_on_one_asset_make_one_winner,
+    thirty_duplicates_of_one_request_hold_once,
+    commit_racing_release_ends_consistent,
+);
