@@ -4,6 +4,7 @@
 mod error;
 mod flow;
 pub mod postgres;
+mod rows;
 mod schema;
 
 use std::time::Duration;

@@ -3,7 +3,7 @@
 
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz};
-use diesel::{sql_query, QueryableByName};
+use diesel::sql_query;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{
@@ -15,14 +15,18 @@ use futures_util::FutureExt;
 
 use super::error::{Abort, Context};
 use super::flow::{self, Backend, HoldDraft, RefundWrite, Snapshot};
-use super::schema::{assets, events, idempotency_keys, refunds, reservations};
+use super::rows::{
+    parse_reservation_id, parse_status, Claimed, EventRow, HoldSnapshotRow, NewEvent, NowAssetRow,
+    RefundRow, ReservationRow, ReservationSnapshotRow, TransitionRow,
+};
+use super::schema::{assets, events, refunds, reservations};
 use super::{
     AssetPage, CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome,
-    ReleaseRequest, StoreError, StoreResult, StoreSettings, StoredAnswer, SweepReport,
+    ReleaseRequest, StoreError, StoreResult, StoreSettings, SweepReport,
 };
 use crate::domain::{
-    Asset, AssetId, AssetStatus, Event, EventId, EventType, PaymentReference, Refund, RefundId,
-    RefundReason, RefundStatus, Reservation, ReservationId, ReservationStatus, Timestamp,
+    Asset, AssetId, AssetStatus, Event, EventType, PaymentReference, Refund, RefundId,
+    RefundReason, RefundStatus, Reservation, ReservationId, Timestamp,
 };
 use crate::reply::{self, Reply};
 
@@ -137,7 +141,7 @@ impl PgStore {
 
     pub async fn create_asset(&self, id: &AssetId, name: &str) -> StoreResult<Option<Asset>> {
         let mut conn = self.conn().await?;
-        let row: Option<(Timestamp, AssetRow)> = sql_query(
+        let row = sql_query(
             "INSERT INTO assets (id, name, created_at, updated_at) VALUES ($1, $2, now(), now()) \
              ON CONFLICT (id) DO NOTHING RETURNING now() AS now, *",
         )
@@ -146,9 +150,8 @@ impl PgStore {
         .get_result::<NowAssetRow>(&mut conn)
         .await
         .optional()
-        .context("create an asset")?
-        .map(|r| (r.now, r.asset));
-        row.map(|(now, a)| a.into_asset(now)).transpose()
+        .context("create an asset")?;
+        row.map(|r| r.asset.into_asset(r.now)).transpose()
     }
 
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
@@ -401,21 +404,21 @@ impl Backend for PgStore {
                     status: RefundStatus::Requested,
                     created_at: now,
                 };
-                let inserted = diesel::insert_into(refunds::table)
-                    .values((
-                        refunds::id.eq(&refund.refund_id),
-                        refunds::reservation_id.eq(&refund.reservation_id),
-                        refunds::asset_id.eq(&refund.asset_id),
-                        refunds::payment_reference.eq(&refund.payment_reference),
-                        refunds::reason.eq(reason.as_str()),
-                        refunds::status.eq(refund.status.as_str()),
-                        refunds::created_at.eq(now),
-                    ))
-                    .on_conflict((refunds::reservation_id, refunds::payment_reference))
-                    .do_nothing()
-                    .execute(c)
-                    .await
-                    .context("record a refund")?;
+                let inserted = sql_query(
+                    "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                     ON CONFLICT (reservation_id, payment_reference) DO NOTHING",
+                )
+                .bind::<Text, _>(&refund.refund_id)
+                .bind::<Text, _>(&refund.reservation_id)
+                .bind::<Text, _>(&refund.asset_id)
+                .bind::<Text, _>(&refund.payment_reference)
+                .bind::<Text, _>(reason.as_str())
+                .bind::<Text, _>(refund.status.as_str())
+                .bind::<Timestamptz, _>(now)
+                .execute(c)
+                .await
+                .context("record a refund")?;
                 if inserted == 0 {
                     return Err(Abort::Retry);
                 }
@@ -632,11 +635,9 @@ async fn expire_lapsed(
         ));
     }
     let count = new_events.len();
-    diesel::insert_into(events::table)
-        .values(new_events.iter().map(NewEvent::values).collect::<Vec<_>>())
-        .execute(conn)
-        .await
-        .context("record expiry events")?;
+    for event in &new_events {
+        insert_event(conn, event).await?;
+    }
     Ok(count)
 }
 
@@ -659,25 +660,36 @@ async fn record(
     reservation_id: &str,
     now: Timestamp,
 ) -> StoreResult<()> {
-    diesel::insert_into(events::table)
-        .values(event.values())
+    insert_event(conn, event).await?;
+    sql_query(
+        "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind::<Text, _>(&idempotency.scope)
+    .bind::<Text, _>(idempotency.key.as_str())
+    .bind::<Text, _>(&idempotency.fingerprint)
+    .bind::<Integer, _>(i32::from(reply.status))
+    .bind::<Text, _>(&reply.body)
+    .bind::<Nullable<Text>, _>(reply.location.as_deref())
+    .bind::<Text, _>(reservation_id)
+    .bind::<Timestamptz, _>(now)
+    .execute(conn)
+    .await
+    .context("store the answer")?;
+    Ok(())
+}
+
+async fn insert_event(conn: &mut AsyncPgConnection, event: &NewEvent) -> StoreResult<()> {
+    sql_query("INSERT INTO events (id, asset_id, sequence, type, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)")
+        .bind::<Text, _>(&event.id)
+        .bind::<Text, _>(&event.asset_id)
+        .bind::<BigInt, _>(event.sequence)
+        .bind::<Text, _>(event.event_type.as_str())
+        .bind::<Text, _>(&event.data)
+        .bind::<Timestamptz, _>(event.created_at)
         .execute(conn)
         .await
         .context("record an event")?;
-    diesel::insert_into(idempotency_keys::table)
-        .values((
-            idempotency_keys::scope.eq(&idempotency.scope),
-            idempotency_keys::key.eq(idempotency.key.as_str()),
-            idempotency_keys::fingerprint.eq(&idempotency.fingerprint),
-            idempotency_keys::status_code.eq(i32::from(reply.status)),
-            idempotency_keys::body.eq(&reply.body),
-            idempotency_keys::location.eq(reply.location.as_deref()),
-            idempotency_keys::reservation_id.eq(reservation_id),
-            idempotency_keys::created_at.eq(now),
-        ))
-        .execute(conn)
-        .await
-        .context("store the answer")?;
     Ok(())
 }
 
@@ -719,300 +731,3 @@ async fn load_reservation(
     Ok(Some(reservation.effective(now)))
 }
 
-fn parse_status<T>(parse: fn(&str) -> Option<T>, text: &str) -> StoreResult<T> {
-    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown status {text:?}")))
-}
-
-fn parse_reservation_id(text: &str) -> StoreResult<ReservationId> {
-    ReservationId::parse(text)
-        .ok_or_else(|| StoreError::Corrupt(format!("bad reservation id {text:?}")))
-}
-
-#[derive(QueryableByName, Selectable, Queryable)]
-#[diesel(table_name = assets, check_for_backend(diesel::pg::Pg))]
-struct AssetRow {
-    id: String,
-    name: String,
-    status: String,
-    hold_expires_at: Option<Timestamp>,
-    current_reservation_id: Option<String>,
-    version: i64,
-    created_at: Timestamp,
-    updated_at: Timestamp,
-}
-
-impl AssetRow {
-    fn into_asset(self, now: Timestamp) -> StoreResult<Asset> {
-        Ok(Asset {
-            id: self.id,
-            name: self.name,
-            status: parse_status(AssetStatus::parse, &self.status)?,
-            hold_expires_at: self.hold_expires_at,
-            current_reservation_id: self.current_reservation_id,
-            version: self.version,
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-        }
-        .effective(now))
-    }
-}
-
-#[derive(QueryableByName)]
-struct NowAssetRow {
-    #[diesel(sql_type = Timestamptz)]
-    now: Timestamp,
-    #[diesel(embed)]
-    asset: AssetRow,
-}
-
-#[derive(QueryableByName, Selectable, Queryable)]
-#[diesel(table_name = reservations, check_for_backend(diesel::pg::Pg))]
-struct ReservationRow {
-    id: String,
-    asset_id: String,
-    buyer_id: String,
-    status: String,
-    expires_at: Timestamp,
-    created_at: Timestamp,
-    committed_at: Option<Timestamp>,
-    released_at: Option<Timestamp>,
-    payment_reference: Option<String>,
-}
-
-impl ReservationRow {
-    /// The reservation as stored (status not yet made effective), no refunds.
-    fn into_reservation(self) -> StoreResult<Reservation> {
-        Ok(Reservation {
-            reservation_id: self.id,
-            asset_id: self.asset_id,
-            buyer_id: self.buyer_id,
-            status: parse_status(ReservationStatus::parse, &self.status)?,
-            expires_at: self.expires_at,
-            created_at: self.created_at,
-            committed_at: self.committed_at,
-            released_at: self.released_at,
-            payment_reference: self.payment_reference,
-            refunds: Vec::new(),
-        })
-    }
-}
-
-#[derive(QueryableByName)]
-struct TransitionRow {
-    #[diesel(embed)]
-    reservation: ReservationRow,
-    #[diesel(sql_type = BigInt)]
-    event_sequence: i64,
-}
-
-/// The columns of a LEFT JOINed reservation, all nullable.
-#[derive(QueryableByName)]
-struct MaybeReservationRow {
-    #[diesel(sql_type = Nullable<Text>)]
-    id: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    asset_id: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    buyer_id: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    status: Option<String>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    expires_at: Option<Timestamp>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    created_at: Option<Timestamp>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    committed_at: Option<Timestamp>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    released_at: Option<Timestamp>,
-    #[diesel(sql_type = Nullable<Text>)]
-    payment_reference: Option<String>,
-}
-
-impl MaybeReservationRow {
-    fn into_reservation(self) -> StoreResult<Option<Reservation>> {
-        let (
-            Some(id),
-            Some(asset_id),
-            Some(buyer_id),
-            Some(status),
-            Some(expires_at),
-            Some(created_at),
-        ) = (
-            self.id,
-            self.asset_id,
-            self.buyer_id,
-            self.status,
-            self.expires_at,
-            self.created_at,
-        )
-        else {
-            return Ok(None);
-        };
-        ReservationRow {
-            id,
-            asset_id,
-            buyer_id,
-            status,
-            expires_at,
-            created_at,
-            committed_at: self.committed_at,
-            released_at: self.released_at,
-            payment_reference: self.payment_reference,
-        }
-        .into_reservation()
-        .map(Some)
-    }
-}
-
-/// The columns of a LEFT JOINed idempotency record, all nullable.
-#[derive(QueryableByName)]
-struct MaybeStoredRow {
-    #[diesel(sql_type = Nullable<Text>)]
-    fingerprint: Option<String>,
-    #[diesel(sql_type = Nullable<Integer>)]
-    status_code: Option<i32>,
-    #[diesel(sql_type = Nullable<Text>)]
-    body: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    location: Option<String>,
-}
-
-impl MaybeStoredRow {
-    fn into_answer(self) -> Option<StoredAnswer> {
-        Some(StoredAnswer {
-            fingerprint: self.fingerprint?,
-            status: u16::try_from(self.status_code?).ok()?,
-            body: self.body?,
-            location: self.location,
-        })
-    }
-}
-
-#[derive(QueryableByName)]
-struct HoldSnapshotRow {
-    #[diesel(sql_type = Timestamptz)]
-    now: Timestamp,
-    #[diesel(sql_type = Nullable<Text>)]
-    status: Option<String>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    hold_expires_at: Option<Timestamp>,
-    #[diesel(embed)]
-    stored: MaybeStoredRow,
-}
-
-#[derive(QueryableByName)]
-struct ReservationSnapshotRow {
-    #[diesel(sql_type = Timestamptz)]
-    now: Timestamp,
-    #[diesel(embed)]
-    reservation: MaybeReservationRow,
-    #[diesel(embed)]
-    stored: MaybeStoredRow,
-}
-
-#[derive(QueryableByName)]
-struct Claimed {
-    #[diesel(sql_type = BigInt)]
-    claimed: i64,
-}
-
-#[derive(Selectable, Queryable)]
-#[diesel(table_name = refunds, check_for_backend(diesel::pg::Pg))]
-struct RefundRow {
-    id: String,
-    reservation_id: String,
-    asset_id: String,
-    payment_reference: String,
-    reason: String,
-    status: String,
-    created_at: Timestamp,
-}
-
-impl RefundRow {
-    fn into_refund(self) -> StoreResult<Refund> {
-        Ok(Refund {
-            refund_id: self.id,
-            reservation_id: self.reservation_id,
-            asset_id: self.asset_id,
-            payment_reference: self.payment_reference,
-            reason: parse_status(RefundReason::parse, &self.reason)?,
-            status: parse_status(RefundStatus::parse, &self.status)?,
-            created_at: self.created_at,
-        })
-    }
-}
-
-#[derive(Selectable, Queryable)]
-#[diesel(table_name = events, check_for_backend(diesel::pg::Pg))]
-struct EventRow {
-    id: String,
-    asset_id: String,
-    sequence: i64,
-    event_type: String,
-    data: String,
-    created_at: Timestamp,
-}
-
-impl EventRow {
-    fn into_event(self) -> StoreResult<Event> {
-        let data = serde_json::value::RawValue::from_string(self.data)
-            .map_err(|e| StoreError::Corrupt(format!("event {} has invalid data: {e}", self.id)))?;
-        Ok(Event {
-            event_type: parse_status(EventType::parse, &self.event_type)?,
-            id: self.id,
-            asset_id: self.asset_id,
-            sequence: self.sequence,
-            created_at: self.created_at,
-            data,
-        })
-    }
-}
-
-struct NewEvent {
-    id: String,
-    asset_id: String,
-    sequence: i64,
-    event_type: EventType,
-    data: String,
-    created_at: Timestamp,
-}
-
-impl NewEvent {
-    fn new(
-        asset_id: &str,
-        sequence: i64,
-        event_type: EventType,
-        data: String,
-        created_at: Timestamp,
-    ) -> Self {
-        Self {
-            id: EventId::generate().to_string(),
-            asset_id: asset_id.to_owned(),
-            sequence,
-            event_type,
-            data,
-            created_at,
-        }
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn values(
-        &self,
-    ) -> (
-        diesel::dsl::Eq<events::id, &str>,
-        diesel::dsl::Eq<events::asset_id, &str>,
-        diesel::dsl::Eq<events::sequence, i64>,
-        diesel::dsl::Eq<events::event_type, &'static str>,
-        diesel::dsl::Eq<events::data, &str>,
-        diesel::dsl::Eq<events::created_at, Timestamp>,
-    ) {
-        (
-            events::id.eq(self.id.as_str()),
-            events::asset_id.eq(self.asset_id.as_str()),
-            events::sequence.eq(self.sequence),
-            events::event_type.eq(self.event_type.as_str()),
-            events::data.eq(self.data.as_str()),
-            events::created_at.eq(self.created_at),
-        )
-    }
-}

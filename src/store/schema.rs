@@ -1,34 +1,87 @@
-//! Table definitions, matching `migrations/postgres`.
+//! Table definitions, matching `migrations/postgres` and `migrations/sqlite`.
+//! Both backends share them: instants are `timestamptz` on PostgreSQL and
+//! fixed-width RFC 3339 UTC text on SQLite, which sorts like time.
 
-diesel::table! {
-    assets (id) {
-        id -> Text,
-        name -> Text,
-        status -> Text,
-        hold_expires_at -> Nullable<Timestamptz>,
-        current_reservation_id -> Nullable<Text>,
-        version -> Int8,
-        last_event_sequence -> Int8,
-        created_at -> Timestamptz,
-        updated_at -> Timestamptz,
+use diesel::deserialize::{self, FromSql};
+use diesel::pg::{Pg, PgValue};
+use diesel::serialize::{self, IsNull, Output, ToSql};
+use diesel::sql_types::{SqlType, Text, Timestamptz};
+use diesel::sqlite::Sqlite;
+
+use crate::domain::{format_timestamp, Timestamp};
+
+/// An instant in UTC with microsecond precision.
+#[derive(Debug, Clone, Copy, Default, SqlType, diesel::query_builder::QueryId)]
+#[diesel(postgres_type(name = "timestamptz"))]
+#[diesel(sqlite_type(name = "Text"))]
+pub struct Instant;
+
+impl FromSql<Instant, Pg> for Timestamp {
+    fn from_sql(value: PgValue<'_>) -> deserialize::Result<Self> {
+        <Timestamp as FromSql<Timestamptz, Pg>>::from_sql(value)
+    }
+}
+
+impl ToSql<Instant, Pg> for Timestamp {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Pg>) -> serialize::Result {
+        <Timestamp as ToSql<Timestamptz, Pg>>::to_sql(self, out)
+    }
+}
+
+impl FromSql<Instant, Sqlite> for Timestamp {
+    fn from_sql(value: <Sqlite as diesel::backend::Backend>::RawValue<'_>) -> deserialize::Result<Self> {
+        let text = <String as FromSql<Text, Sqlite>>::from_sql(value)?;
+        Ok(chrono::DateTime::parse_from_rfc3339(&text)
+            .map_err(|e| format!("stored instant {text:?} is not RFC 3339: {e}"))?
+            .with_timezone(&chrono::Utc))
+    }
+}
+
+impl ToSql<Instant, Sqlite> for Timestamp {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Sqlite>) -> serialize::Result {
+        out.set_value(format_timestamp(self));
+        Ok(IsNull::No)
     }
 }
 
 diesel::table! {
+    use diesel::sql_types::*;
+    use super::Instant;
+
+    assets (id) {
+        id -> Text,
+        name -> Text,
+        status -> Text,
+        hold_expires_at -> Nullable<Instant>,
+        current_reservation_id -> Nullable<Text>,
+        version -> Int8,
+        last_event_sequence -> Int8,
+        created_at -> Instant,
+        updated_at -> Instant,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use super::Instant;
+
     reservations (id) {
         id -> Text,
         asset_id -> Text,
         buyer_id -> Text,
         status -> Text,
-        expires_at -> Timestamptz,
-        created_at -> Timestamptz,
-        committed_at -> Nullable<Timestamptz>,
-        released_at -> Nullable<Timestamptz>,
+        expires_at -> Instant,
+        created_at -> Instant,
+        committed_at -> Nullable<Instant>,
+        released_at -> Nullable<Instant>,
         payment_reference -> Nullable<Text>,
     }
 }
 
 diesel::table! {
+    use diesel::sql_types::*;
+    use super::Instant;
+
     refunds (id) {
         id -> Text,
         reservation_id -> Text,
@@ -36,11 +89,14 @@ diesel::table! {
         payment_reference -> Text,
         reason -> Text,
         status -> Text,
-        created_at -> Timestamptz,
+        created_at -> Instant,
     }
 }
 
 diesel::table! {
+    use diesel::sql_types::*;
+    use super::Instant;
+
     events (id) {
         id -> Text,
         asset_id -> Text,
@@ -48,11 +104,14 @@ diesel::table! {
         #[sql_name = "type"]
         event_type -> Text,
         data -> Text,
-        created_at -> Timestamptz,
+        created_at -> Instant,
     }
 }
 
 diesel::table! {
+    use diesel::sql_types::*;
+    use super::Instant;
+
     idempotency_keys (scope, key) {
         scope -> Text,
         key -> Text,
@@ -61,7 +120,7 @@ diesel::table! {
         body -> Text,
         location -> Nullable<Text>,
         reservation_id -> Text,
-        created_at -> Timestamptz,
+        created_at -> Instant,
     }
 }
 

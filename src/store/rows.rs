@@ -1,0 +1,289 @@
+//! Row types shared by both backends, and their conversion to the domain.
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::QueryableByName;
+
+use super::schema::{assets, events, refunds, reservations, Instant};
+use super::{StoreError, StoreResult, StoredAnswer};
+use crate::domain::{
+    Asset, AssetStatus, Event, EventId, EventType, Refund, RefundReason, RefundStatus, Reservation,
+    ReservationId, ReservationStatus, Timestamp,
+};
+
+pub(crate) fn parse_status<T>(parse: fn(&str) -> Option<T>, text: &str) -> StoreResult<T> {
+    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown status {text:?}")))
+}
+
+pub(crate) fn parse_reservation_id(text: &str) -> StoreResult<ReservationId> {
+    ReservationId::parse(text)
+        .ok_or_else(|| StoreError::Corrupt(format!("bad reservation id {text:?}")))
+}
+
+#[derive(QueryableByName, Selectable, Queryable)]
+#[diesel(table_name = assets, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
+pub(crate) struct AssetRow {
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) status: String,
+    pub(crate) hold_expires_at: Option<Timestamp>,
+    pub(crate) current_reservation_id: Option<String>,
+    pub(crate) version: i64,
+    pub(crate) created_at: Timestamp,
+    pub(crate) updated_at: Timestamp,
+}
+
+impl AssetRow {
+    pub(crate) fn into_asset(self, now: Timestamp) -> StoreResult<Asset> {
+        Ok(Asset {
+            id: self.id,
+            name: self.name,
+            status: parse_status(AssetStatus::parse, &self.status)?,
+            hold_expires_at: self.hold_expires_at,
+            current_reservation_id: self.current_reservation_id,
+            version: self.version,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        }
+        .effective(now))
+    }
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct NowAssetRow {
+    #[diesel(sql_type = Instant)]
+    pub(crate) now: Timestamp,
+    #[diesel(embed)]
+    pub(crate) asset: AssetRow,
+}
+
+#[derive(QueryableByName, Selectable, Queryable)]
+#[diesel(table_name = reservations, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
+pub(crate) struct ReservationRow {
+    pub(crate) id: String,
+    pub(crate) asset_id: String,
+    pub(crate) buyer_id: String,
+    pub(crate) status: String,
+    pub(crate) expires_at: Timestamp,
+    pub(crate) created_at: Timestamp,
+    pub(crate) committed_at: Option<Timestamp>,
+    pub(crate) released_at: Option<Timestamp>,
+    pub(crate) payment_reference: Option<String>,
+}
+
+impl ReservationRow {
+    /// The reservation as stored (status not yet made effective), no refunds.
+    pub(crate) fn into_reservation(self) -> StoreResult<Reservation> {
+        Ok(Reservation {
+            reservation_id: self.id,
+            asset_id: self.asset_id,
+            buyer_id: self.buyer_id,
+            status: parse_status(ReservationStatus::parse, &self.status)?,
+            expires_at: self.expires_at,
+            created_at: self.created_at,
+            committed_at: self.committed_at,
+            released_at: self.released_at,
+            payment_reference: self.payment_reference,
+            refunds: Vec::new(),
+        })
+    }
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct TransitionRow {
+    #[diesel(embed)]
+    pub(crate) reservation: ReservationRow,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) event_sequence: i64,
+}
+
+/// The columns of a LEFT JOINed reservation, all nullable.
+#[derive(QueryableByName)]
+pub(crate) struct MaybeReservationRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) asset_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) buyer_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) status: Option<String>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) expires_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) created_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) committed_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) released_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) payment_reference: Option<String>,
+}
+
+impl MaybeReservationRow {
+    pub(crate) fn into_reservation(self) -> StoreResult<Option<Reservation>> {
+        let (
+            Some(id),
+            Some(asset_id),
+            Some(buyer_id),
+            Some(status),
+            Some(expires_at),
+            Some(created_at),
+        ) = (
+            self.id,
+            self.asset_id,
+            self.buyer_id,
+            self.status,
+            self.expires_at,
+            self.created_at,
+        )
+        else {
+            return Ok(None);
+        };
+        ReservationRow {
+            id,
+            asset_id,
+            buyer_id,
+            status,
+            expires_at,
+            created_at,
+            committed_at: self.committed_at,
+            released_at: self.released_at,
+            payment_reference: self.payment_reference,
+        }
+        .into_reservation()
+        .map(Some)
+    }
+}
+
+/// The columns of a LEFT JOINed idempotency record, all nullable.
+#[derive(QueryableByName)]
+pub(crate) struct MaybeStoredRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) fingerprint: Option<String>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub(crate) status_code: Option<i32>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) body: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) location: Option<String>,
+}
+
+impl MaybeStoredRow {
+    pub(crate) fn into_answer(self) -> Option<StoredAnswer> {
+        Some(StoredAnswer {
+            fingerprint: self.fingerprint?,
+            status: u16::try_from(self.status_code?).ok()?,
+            body: self.body?,
+            location: self.location,
+        })
+    }
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct HoldSnapshotRow {
+    #[diesel(sql_type = Instant)]
+    pub(crate) now: Timestamp,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) status: Option<String>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) hold_expires_at: Option<Timestamp>,
+    #[diesel(embed)]
+    pub(crate) stored: MaybeStoredRow,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct ReservationSnapshotRow {
+    #[diesel(sql_type = Instant)]
+    pub(crate) now: Timestamp,
+    #[diesel(embed)]
+    pub(crate) reservation: MaybeReservationRow,
+    #[diesel(embed)]
+    pub(crate) stored: MaybeStoredRow,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct Claimed {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) claimed: i64,
+}
+
+#[derive(Selectable, Queryable)]
+#[diesel(table_name = refunds, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
+pub(crate) struct RefundRow {
+    pub(crate) id: String,
+    pub(crate) reservation_id: String,
+    pub(crate) asset_id: String,
+    pub(crate) payment_reference: String,
+    pub(crate) reason: String,
+    pub(crate) status: String,
+    pub(crate) created_at: Timestamp,
+}
+
+impl RefundRow {
+    pub(crate) fn into_refund(self) -> StoreResult<Refund> {
+        Ok(Refund {
+            refund_id: self.id,
+            reservation_id: self.reservation_id,
+            asset_id: self.asset_id,
+            payment_reference: self.payment_reference,
+            reason: parse_status(RefundReason::parse, &self.reason)?,
+            status: parse_status(RefundStatus::parse, &self.status)?,
+            created_at: self.created_at,
+        })
+    }
+}
+
+#[derive(Selectable, Queryable)]
+#[diesel(table_name = events, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
+pub(crate) struct EventRow {
+    pub(crate) id: String,
+    pub(crate) asset_id: String,
+    pub(crate) sequence: i64,
+    pub(crate) event_type: String,
+    pub(crate) data: String,
+    pub(crate) created_at: Timestamp,
+}
+
+impl EventRow {
+    pub(crate) fn into_event(self) -> StoreResult<Event> {
+        let data = serde_json::value::RawValue::from_string(self.data)
+            .map_err(|e| StoreError::Corrupt(format!("event {} has invalid data: {e}", self.id)))?;
+        Ok(Event {
+            event_type: parse_status(EventType::parse, &self.event_type)?,
+            id: self.id,
+            asset_id: self.asset_id,
+            sequence: self.sequence,
+            created_at: self.created_at,
+            data,
+        })
+    }
+}
+
+pub(crate) struct NewEvent {
+    pub(crate) id: String,
+    pub(crate) asset_id: String,
+    pub(crate) sequence: i64,
+    pub(crate) event_type: EventType,
+    pub(crate) data: String,
+    pub(crate) created_at: Timestamp,
+}
+
+impl NewEvent {
+    pub(crate) fn new(
+        asset_id: &str,
+        sequence: i64,
+        event_type: EventType,
+        data: String,
+        created_at: Timestamp,
+    ) -> Self {
+        Self {
+            id: EventId::generate().to_string(),
+            asset_id: asset_id.to_owned(),
+            sequence,
+            event_type,
+            data,
+            created_at,
+        }
+    }
+}
