@@ -6,6 +6,7 @@ mod flow;
 pub mod postgres;
 mod rows;
 mod schema;
+pub mod sqlite;
 
 use std::time::Duration;
 
@@ -135,12 +136,14 @@ pub struct StoreSettings {
 #[derive(Clone)]
 pub enum Store {
     Postgres(postgres::PgStore),
+    Sqlite(sqlite::SqliteStore),
 }
 
 macro_rules! dispatch {
     ($self:ident, $store:ident => $call:expr) => {
         match $self {
             Store::Postgres($store) => $call,
+            Store::Sqlite($store) => $call,
         }
     };
 }
@@ -156,10 +159,9 @@ impl Store {
             DatabaseUrl::Postgres(url) => {
                 Ok(Self::Postgres(postgres::PgStore::connect(&url, &settings)?))
             }
-            DatabaseUrl::Sqlite(path) => Err(StoreError::Config(format!(
-                "the SQLite backend ({}) is not available in this build",
-                path.display()
-            ))),
+            DatabaseUrl::Sqlite(path) => {
+                Ok(Self::Sqlite(sqlite::SqliteStore::open(&path, &settings)?))
+            }
         }
     }
 

@@ -2,8 +2,8 @@
 //! `now()` of the database, read once at the start of each request.
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz};
 use diesel::sql_query;
+use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{
@@ -730,4 +730,3 @@ async fn load_reservation(
         .collect::<StoreResult<_>>()?;
     Ok(Some(reservation.effective(now)))
 }
-

@@ -29,7 +29,9 @@ impl ToSql<Instant, Pg> for Timestamp {
 }
 
 impl FromSql<Instant, Sqlite> for Timestamp {
-    fn from_sql(value: <Sqlite as diesel::backend::Backend>::RawValue<'_>) -> deserialize::Result<Self> {
+    fn from_sql(
+        value: <Sqlite as diesel::backend::Backend>::RawValue<'_>,
+    ) -> deserialize::Result<Self> {
         let text = <String as FromSql<Text, Sqlite>>::from_sql(value)?;
         Ok(chrono::DateTime::parse_from_rfc3339(&text)
             .map_err(|e| format!("stored instant {text:?} is not RFC 3339: {e}"))?

@@ -222,7 +222,7 @@ impl TestDb {
             }
             Backend::Postgres => {
                 let server = postgres_server().await?;
-                let template = migrated_template(&server).await;
+                let template = migrated_template(server).await;
                 let name = format!(
                     "holdfast_t_{}",
                     ulid::Ulid::new().to_string().to_lowercase()
@@ -539,6 +539,7 @@ fn migrations_digest() -> String {
 }
 
 /// A transaction left open outside the service, holding its locks.
+#[allow(clippy::large_enum_variant)]
 pub enum Blocker {
     Postgres(AsyncPgConnection),
     Sqlite(diesel::SqliteConnection),

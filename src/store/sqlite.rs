@@ -1,0 +1,761 @@
+//! SQLite, the embedded default: diesel with the bundled library, an r2d2
+//! pool of readers and a single writer connection, WAL, and `BEGIN IMMEDIATE`
+//! for every write transaction. All work runs on blocking threads. The
+//! process clock is this database's clock.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::{SubsecRound, Utc};
+use diesel::connection::SimpleConnection;
+use diesel::prelude::*;
+use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
+use diesel::sql_query;
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::sqlite::SqliteConnection;
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+use super::error::{Abort, Context};
+use super::flow::{self, Backend, HoldDraft, RefundWrite, Snapshot};
+use super::rows::{
+    parse_reservation_id, parse_status, EventRow, HoldSnapshotRow, NewEvent, NowAssetRow,
+    RefundRow, ReservationRow, ReservationSnapshotRow,
+};
+use super::schema::{assets, events, refunds, reservations, Instant};
+use super::{
+    AssetPage, CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome,
+    ReleaseRequest, StoreError, StoreResult, StoreSettings, SweepReport,
+};
+use crate::domain::{
+    Asset, AssetId, AssetStatus, Event, EventType, PaymentReference, Refund, RefundId,
+    RefundReason, RefundStatus, Reservation, ReservationId, Timestamp,
+};
+use crate::reply::{self, Reply};
+
+pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+
+type Conn = PooledConnection<ConnectionManager<SqliteConnection>>;
+
+/// The clock of the embedded database: this process's, to the microsecond.
+fn clock() -> Timestamp {
+    Utc::now().trunc_subsecs(6)
+}
+
+/// Set on every new connection; busy_timeout must come before WAL.
+#[derive(Debug)]
+struct Pragmas {
+    busy_timeout: Duration,
+}
+
+impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for Pragmas {
+    fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), diesel::r2d2::Error> {
+        conn.batch_execute(&format!(
+            "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+             PRAGMA foreign_keys = ON;",
+            self.busy_timeout.as_millis()
+        ))
+        .map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    readers: Pool<ConnectionManager<SqliteConnection>>,
+    /// One connection: writers queue here instead of spinning on SQLite's lock.
+    writer: Pool<ConnectionManager<SqliteConnection>>,
+    path: PathBuf,
+    settings: StoreSettings,
+}
+
+impl SqliteStore {
+    pub fn open(path: &Path, settings: &StoreSettings) -> StoreResult<Self> {
+        let path = std::path::absolute(path)
+            .map_err(|e| StoreError::Config(format!("cannot resolve {}: {e}", path.display())))?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Config(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let pool = |size: usize| {
+            Pool::builder()
+                .max_size(u32::try_from(size).unwrap_or(u32::MAX))
+                .min_idle(Some(1))
+                .connection_timeout(settings.acquire_timeout)
+                .connection_customizer(Box::new(Pragmas {
+                    busy_timeout: settings.lock_timeout,
+                }))
+                .build(ConnectionManager::<SqliteConnection>::new(
+                    path.display().to_string(),
+                ))
+                .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", path.display())))
+        };
+        // The writer opens first, so WAL is on before readers arrive.
+        let writer = pool(1)?;
+        let readers = pool(settings.pool_size)?;
+        Ok(Self {
+            readers,
+            writer,
+            path,
+            settings: settings.clone(),
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        format!("SQLite at {}", self.path.display())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn read<T, F>(&self, context: &'static str, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut SqliteConnection) -> StoreResult<T> + Send + 'static,
+    {
+        run(self.readers.clone(), context, work).await
+    }
+
+    /// Runs `work` in a `BEGIN IMMEDIATE` transaction on the writer.
+    async fn write<T, F>(&self, context: &'static str, work: F) -> StoreResult<Result<T, Abort>>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut SqliteConnection) -> Result<T, Abort> + Send + 'static,
+    {
+        run(self.writer.clone(), context, move |conn| {
+            Ok(conn.immediate_transaction(work))
+        })
+        .await
+    }
+
+    pub async fn migrate(&self) -> StoreResult<()> {
+        run(self.writer.clone(), "migrate", |conn| {
+            conn.run_pending_migrations(MIGRATIONS)
+                .map(|_| ())
+                .map_err(|e| StoreError::Migration(e.to_string()))
+        })
+        .await
+    }
+
+    pub async fn ping(&self) -> StoreResult<()> {
+        self.read("answer a ping", |c| {
+            c.batch_execute("SELECT 1").context("answer a ping")
+        })
+        .await
+    }
+
+    /// Writes a consistent copy of the live database to `target`.
+    pub async fn backup(&self, target: &Path) -> StoreResult<()> {
+        let target = target.display().to_string();
+        self.read("back up the database", move |c| {
+            sql_query("VACUUM INTO ?")
+                .bind::<Text, _>(target)
+                .execute(c)
+                .map(|_| ())
+                .context("back up the database")
+        })
+        .await
+    }
+
+    pub async fn create_asset(&self, id: &AssetId, name: &str) -> StoreResult<Option<Asset>> {
+        let (id, name) = (id.to_string(), name.to_owned());
+        let result = self
+            .write("create an asset", move |c| {
+                let now = clock();
+                let row = sql_query(
+                    "INSERT INTO assets (id, name, created_at, updated_at) VALUES (?, ?, ?, ?) \
+                     ON CONFLICT (id) DO NOTHING RETURNING ? AS now, *",
+                )
+                .bind::<Text, _>(id)
+                .bind::<Text, _>(name)
+                .bind::<Instant, _>(now)
+                .bind::<Instant, _>(now)
+                .bind::<Instant, _>(now)
+                .get_result::<NowAssetRow>(c)
+                .optional()
+                .context("create an asset")?;
+                Ok(row)
+            })
+            .await?;
+        match result {
+            Ok(row) => row.map(|r| r.asset.into_asset(r.now)).transpose(),
+            Err(Abort::Retry) => Ok(None),
+            Err(Abort::Failed(e)) => Err(e),
+        }
+    }
+
+    pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
+        let id = id.to_string();
+        self.read("read an asset", move |c| {
+            let row = sql_query("SELECT ? AS now, * FROM assets WHERE id = ?")
+                .bind::<Instant, _>(clock())
+                .bind::<Text, _>(id)
+                .get_result::<NowAssetRow>(c)
+                .optional()
+                .context("read an asset")?;
+            row.map(|r| r.asset.into_asset(r.now)).transpose()
+        })
+        .await
+    }
+
+    pub async fn list_assets(&self, page: &AssetPage) -> StoreResult<Vec<Asset>> {
+        let page = page.clone();
+        self.read("list assets", move |c| {
+            let now = clock();
+            let rows = sql_query(
+                "SELECT ?1 AS now, * FROM assets \
+                 WHERE (?2 IS NULL OR id > ?2) AND CASE ?3 \
+                   WHEN 'AVAILABLE' THEN status = 'AVAILABLE' OR (status = 'HELD' AND hold_expires_at <= ?1) \
+                   WHEN 'HELD' THEN status = 'HELD' AND hold_expires_at > ?1 \
+                   WHEN 'SOLD' THEN status = 'SOLD' \
+                   ELSE 1 END \
+                 ORDER BY id LIMIT ?4",
+            )
+            .bind::<Instant, _>(now)
+            .bind::<Nullable<Text>, _>(page.after)
+            .bind::<Nullable<Text>, _>(page.status.map(AssetStatus::as_str))
+            .bind::<BigInt, _>(page.limit)
+            .load::<NowAssetRow>(c)
+            .context("list assets")?;
+            rows.into_iter().map(|r| r.asset.into_asset(r.now)).collect()
+        })
+        .await
+    }
+
+    pub async fn asset_events(&self, id: &AssetId) -> StoreResult<Option<Vec<Event>>> {
+        let id = id.to_string();
+        self.read("read an asset's events", move |c| {
+            let exists = assets::table
+                .find(&id)
+                .select(assets::id)
+                .first::<String>(c)
+                .optional()
+                .context("find an asset")?
+                .is_some();
+            if !exists {
+                return Ok(None);
+            }
+            let rows = events::table
+                .filter(events::asset_id.eq(&id))
+                .order(events::sequence.asc())
+                .select(EventRow::as_select())
+                .load::<EventRow>(c)
+                .context("read an asset's events")?;
+            rows.into_iter()
+                .map(EventRow::into_event)
+                .collect::<StoreResult<_>>()
+                .map(Some)
+        })
+        .await
+    }
+
+    pub async fn get_reservation(&self, id: &ReservationId) -> StoreResult<Option<Reservation>> {
+        let id = *id;
+        self.read("read a reservation", move |c| {
+            load_reservation(c, &id, clock())
+        })
+        .await
+    }
+
+    pub async fn hold(&self, req: &HoldRequest) -> StoreResult<HoldOutcome> {
+        flow::hold(self, req).await
+    }
+
+    pub async fn commit(&self, req: &CommitRequest) -> StoreResult<CommitOutcome> {
+        flow::commit(self, req).await
+    }
+
+    pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<ReleaseOutcome> {
+        flow::release(self, req).await
+    }
+
+    pub async fn sweep(&self) -> StoreResult<SweepReport> {
+        let batch = self.settings.sweep_batch;
+        let mut report = SweepReport::default();
+        loop {
+            let expired = self
+                .write("expire lapsed holds", move |c| {
+                    Ok(expire_lapsed(c, None, clock(), batch)?)
+                })
+                .await?
+                .map_err(abort_to_error)?;
+            report.expired += expired as u64;
+            if (expired as i64) < batch {
+                break;
+            }
+        }
+        let retention = chrono::Duration::from_std(self.settings.idempotency_retention)
+            .unwrap_or(chrono::Duration::hours(24));
+        loop {
+            let cutoff = clock() - retention;
+            let purged = self
+                .write("purge idempotency records", move |c| {
+                    Ok(sql_query(
+                        "DELETE FROM idempotency_keys WHERE rowid IN ( \
+                           SELECT rowid FROM idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?)",
+                    )
+                    .bind::<Instant, _>(cutoff)
+                    .bind::<BigInt, _>(batch)
+                    .execute(c)
+                    .context("purge idempotency records")?)
+                })
+                .await?
+                .map_err(abort_to_error)?;
+            report.purged_keys += purged as u64;
+            if (purged as i64) < batch {
+                break;
+            }
+        }
+        Ok(report)
+    }
+}
+
+fn abort_to_error(abort: Abort) -> StoreError {
+    match abort {
+        Abort::Failed(e) => e,
+        Abort::Retry => StoreError::unavailable("finish a transaction", "it was rolled back"),
+    }
+}
+
+async fn run<T, F>(
+    pool: Pool<ConnectionManager<SqliteConnection>>,
+    context: &'static str,
+    work: F,
+) -> StoreResult<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut SqliteConnection) -> StoreResult<T> + Send + 'static,
+{
+    tokio::task::spawn_blocking(move || {
+        let mut conn: Conn = pool
+            .get()
+            .map_err(|e| StoreError::unavailable(context, e))?;
+        work(&mut conn)
+    })
+    .await
+    .map_err(|e| StoreError::unavailable(context, format!("the database task ended: {e}")))?
+}
+
+impl Backend for SqliteStore {
+    async fn hold_snapshot(
+        &self,
+        asset: &AssetId,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>> {
+        let (asset, idempotency) = (asset.to_string(), idempotency.clone());
+        self.read("read the asset to hold", move |c| {
+            let row = sql_query(
+                "SELECT ? AS now, a.status, a.hold_expires_at, \
+                        i.fingerprint, i.status_code, i.body, i.location \
+                 FROM (SELECT 1) AS one \
+                 LEFT JOIN assets a ON a.id = ? \
+                 LEFT JOIN idempotency_keys i ON i.scope = ? AND i.key = ?",
+            )
+            .bind::<Instant, _>(clock())
+            .bind::<Text, _>(asset)
+            .bind::<Text, _>(idempotency.scope)
+            .bind::<Text, _>(idempotency.key.into_inner())
+            .get_result::<HoldSnapshotRow>(c)
+            .context("read the asset to hold")?;
+            let state = match row.status {
+                Some(s) => Some((parse_status(AssetStatus::parse, &s)?, row.hold_expires_at)),
+                None => None,
+            };
+            Ok(Snapshot {
+                now: row.now,
+                row: state,
+                stored: row.stored.into_answer(),
+            })
+        })
+        .await
+    }
+
+    async fn claim(&self, draft: &HoldDraft<'_>, reclaim: bool) -> StoreResult<bool> {
+        let r = draft.reservation.clone();
+        let idem = draft.request.idempotency.clone();
+        let reply = draft.reply.clone();
+        let event_id = draft.event_id.to_string();
+        let result = self
+            .write("hold the asset", move |c| {
+                let now = r.created_at;
+                if reclaim {
+                    expire_lapsed(c, Some(&r.asset_id), now, 1)?;
+                }
+                let sequence = sql_query(
+                    "UPDATE assets SET status = 'HELD', hold_expires_at = ?, current_reservation_id = ?, \
+                            version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ? \
+                     WHERE id = ? AND status = 'AVAILABLE' RETURNING last_event_sequence",
+                )
+                .bind::<Instant, _>(r.expires_at)
+                .bind::<Text, _>(&r.reservation_id)
+                .bind::<Instant, _>(now)
+                .bind::<Text, _>(&r.asset_id)
+                .get_result::<Sequence>(c)
+                .optional()
+                .context("hold the asset")?;
+                let Some(sequence) = sequence else {
+                    return Err(Abort::Retry);
+                };
+                sql_query(
+                    "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at) \
+                     VALUES (?, ?, ?, 'HELD', ?, ?)",
+                )
+                .bind::<Text, _>(&r.reservation_id)
+                .bind::<Text, _>(&r.asset_id)
+                .bind::<Text, _>(&r.buyer_id)
+                .bind::<Instant, _>(r.expires_at)
+                .bind::<Instant, _>(now)
+                .execute(c)
+                .context("record the reservation")?;
+                let mut event = NewEvent::new(
+                    &r.asset_id,
+                    sequence.last_event_sequence,
+                    EventType::ReservationHeld,
+                    reply.body.clone(),
+                    now,
+                );
+                event.id = event_id;
+                record(c, &event, &idem, &reply, &r.reservation_id, now)?;
+                Ok(())
+            })
+            .await?;
+        match result {
+            Ok(()) => Ok(true),
+            Err(Abort::Retry) => Ok(false),
+            Err(Abort::Failed(e)) => Err(e),
+        }
+    }
+
+    async fn reservation_snapshot(
+        &self,
+        id: &ReservationId,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Snapshot<Reservation>> {
+        let (id, idempotency) = (id.to_string(), idempotency.clone());
+        self.read("read the reservation", move |c| {
+            let row = sql_query(
+                "SELECT ? AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at, \
+                        r.committed_at, r.released_at, r.payment_reference, \
+                        i.fingerprint, i.status_code, i.body, i.location \
+                 FROM (SELECT 1) AS one \
+                 LEFT JOIN reservations r ON r.id = ? \
+                 LEFT JOIN idempotency_keys i ON i.scope = ? AND i.key = ?",
+            )
+            .bind::<Instant, _>(clock())
+            .bind::<Text, _>(id)
+            .bind::<Text, _>(idempotency.scope)
+            .bind::<Text, _>(idempotency.key.into_inner())
+            .get_result::<ReservationSnapshotRow>(c)
+            .context("read the reservation")?;
+            Ok(Snapshot {
+                now: row.now,
+                row: row.reservation.into_reservation()?,
+                stored: row.stored.into_answer(),
+            })
+        })
+        .await
+    }
+
+    async fn load_reservation(
+        &self,
+        id: &ReservationId,
+        now: Timestamp,
+    ) -> StoreResult<Option<Reservation>> {
+        let id = *id;
+        self.read("read a reservation", move |c| load_reservation(c, &id, now))
+            .await
+    }
+
+    async fn commit(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentReference,
+        idempotency: &Idempotency,
+        now: Timestamp,
+    ) -> StoreResult<Option<Reply>> {
+        self.finish_transition(reservation, idempotency, now, Some(payment.to_string()))
+            .await
+    }
+
+    async fn refund(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentReference,
+        reason: RefundReason,
+        idempotency: &Idempotency,
+        now: Timestamp,
+    ) -> StoreResult<RefundWrite> {
+        let reservation = reservation.clone();
+        let (payment, idempotency) = (payment.to_string(), idempotency.clone());
+        let result = self
+            .write("record a refund", move |c| {
+                // A lapsed hold nobody swept yet is expired first, so the
+                // timeline reads held → expired → refund requested.
+                expire_lapsed(c, Some(&reservation.asset_id), now, 1)?;
+                let sequence = next_sequence(c, &reservation.asset_id)?;
+                let refund = Refund {
+                    refund_id: RefundId::generate().to_string(),
+                    reservation_id: reservation.reservation_id.clone(),
+                    asset_id: reservation.asset_id.clone(),
+                    payment_reference: payment,
+                    reason,
+                    status: RefundStatus::Requested,
+                    created_at: now,
+                };
+                let inserted = sql_query(
+                    "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?) \
+                     ON CONFLICT (reservation_id, payment_reference) DO NOTHING",
+                )
+                .bind::<Text, _>(&refund.refund_id)
+                .bind::<Text, _>(&refund.reservation_id)
+                .bind::<Text, _>(&refund.asset_id)
+                .bind::<Text, _>(&refund.payment_reference)
+                .bind::<Text, _>(reason.as_str())
+                .bind::<Text, _>(refund.status.as_str())
+                .bind::<Instant, _>(now)
+                .execute(c)
+                .context("record a refund")?;
+                if inserted == 0 {
+                    return Err(Abort::Retry);
+                }
+                let id = parse_reservation_id(&reservation.reservation_id)?;
+                let current = load_reservation(c, &id, now)?
+                    .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))?;
+                let reply = reply::commit_refused(reason, &current, &refund).into_reply();
+                let data = serde_json::to_string(&refund).unwrap_or_default();
+                let event = NewEvent::new(&refund.asset_id, sequence, EventType::RefundRequested, data, now);
+                record(c, &event, &idempotency, &reply, &refund.reservation_id, now)?;
+                Ok(reply)
+            })
+            .await?;
+        match result {
+            Ok(reply) => Ok(RefundWrite::Created(reply)),
+            Err(Abort::Retry) => Ok(RefundWrite::Existing),
+            Err(Abort::Failed(e)) => Err(e),
+        }
+    }
+
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        idempotency: &Idempotency,
+        now: Timestamp,
+    ) -> StoreResult<Option<Reply>> {
+        self.finish_transition(reservation, idempotency, now, None)
+            .await
+    }
+}
+
+impl SqliteStore {
+    /// Commit (with a payment) or release of a live hold: the asset first,
+    /// guarded by status, owner and expiry; then the reservation, the event
+    /// and the stored answer, in one transaction.
+    async fn finish_transition(
+        &self,
+        reservation: &Reservation,
+        idempotency: &Idempotency,
+        now: Timestamp,
+        payment: Option<String>,
+    ) -> StoreResult<Option<Reply>> {
+        let (id, asset) = (
+            reservation.reservation_id.clone(),
+            reservation.asset_id.clone(),
+        );
+        let idempotency = idempotency.clone();
+        let result = self
+            .write("change the reservation", move |c| {
+                let asset_sql = if payment.is_some() {
+                    "UPDATE assets SET status = 'SOLD', hold_expires_at = NULL, version = version + 1, \
+                            last_event_sequence = last_event_sequence + 1, updated_at = ?1 \
+                     WHERE id = ?2 AND status = 'HELD' AND current_reservation_id = ?3 AND hold_expires_at > ?1 \
+                     RETURNING last_event_sequence"
+                } else {
+                    "UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
+                            version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ?1 \
+                     WHERE id = ?2 AND status = 'HELD' AND current_reservation_id = ?3 AND hold_expires_at > ?1 \
+                     RETURNING last_event_sequence"
+                };
+                let sequence = sql_query(asset_sql)
+                    .bind::<Instant, _>(now)
+                    .bind::<Text, _>(&asset)
+                    .bind::<Text, _>(&id)
+                    .get_result::<Sequence>(c)
+                    .optional()
+                    .context("change the asset")?;
+                let Some(sequence) = sequence else {
+                    return Err(Abort::Retry);
+                };
+                let (row, event_type) = match &payment {
+                    Some(payment) => (
+                        sql_query(
+                            "UPDATE reservations SET status = 'COMMITTED', committed_at = ?, payment_reference = ? \
+                             WHERE id = ? AND status = 'HELD' RETURNING *",
+                        )
+                        .bind::<Instant, _>(now)
+                        .bind::<Text, _>(payment)
+                        .bind::<Text, _>(&id)
+                        .get_result::<ReservationRow>(c)
+                        .context("commit the reservation")?,
+                        EventType::ReservationCommitted,
+                    ),
+                    None => (
+                        sql_query(
+                            "UPDATE reservations SET status = 'RELEASED', released_at = ? \
+                             WHERE id = ? AND status = 'HELD' RETURNING *",
+                        )
+                        .bind::<Instant, _>(now)
+                        .bind::<Text, _>(&id)
+                        .get_result::<ReservationRow>(c)
+                        .context("release the reservation")?,
+                        EventType::ReservationReleased,
+                    ),
+                };
+                // A live hold has no refunds yet.
+                let updated = row.into_reservation()?.effective(now);
+                let reply = reply::reservation_ok(&updated);
+                let event = NewEvent::new(&asset, sequence.last_event_sequence, event_type, reply.body.clone(), now);
+                record(c, &event, &idempotency, &reply, &id, now)?;
+                Ok(reply)
+            })
+            .await?;
+        match result {
+            Ok(reply) => Ok(Some(reply)),
+            Err(Abort::Retry) => Ok(None),
+            Err(Abort::Failed(e)) => Err(e),
+        }
+    }
+}
+
+#[derive(QueryableByName)]
+struct Sequence {
+    #[diesel(sql_type = BigInt)]
+    last_event_sequence: i64,
+}
+
+/// Expires lapsed holds (of one asset, or up to `limit` of any) as of `now`.
+fn expire_lapsed(
+    conn: &mut SqliteConnection,
+    asset: Option<&str>,
+    now: Timestamp,
+    limit: i64,
+) -> StoreResult<usize> {
+    #[derive(QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = Text)]
+        id: String,
+    }
+    let lapsed = sql_query(
+        "SELECT id FROM assets WHERE status = 'HELD' AND hold_expires_at <= ?1 AND (?2 IS NULL OR id = ?2) \
+         ORDER BY id LIMIT ?3",
+    )
+    .bind::<Instant, _>(now)
+    .bind::<Nullable<Text>, _>(asset)
+    .bind::<BigInt, _>(limit)
+    .load::<Id>(conn)
+    .context("find lapsed holds")?;
+    for Id { id } in &lapsed {
+        let sequence = sql_query(
+            "UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
+                    version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ?1 \
+             WHERE id = ?2 RETURNING last_event_sequence",
+        )
+        .bind::<Instant, _>(now)
+        .bind::<Text, _>(id)
+        .get_result::<Sequence>(conn)
+        .context("expire a lapsed hold")?;
+        let row = sql_query(
+            "UPDATE reservations SET status = 'EXPIRED' WHERE asset_id = ? AND status = 'HELD' RETURNING *",
+        )
+        .bind::<Text, _>(id)
+        .get_result::<ReservationRow>(conn)
+        .context("expire a lapsed reservation")?;
+        let reservation = row.into_reservation()?;
+        let data = serde_json::to_string(&reservation).unwrap_or_default();
+        let event = NewEvent::new(
+            id,
+            sequence.last_event_sequence,
+            EventType::ReservationExpired,
+            data,
+            now,
+        );
+        insert_event(conn, &event)?;
+    }
+    Ok(lapsed.len())
+}
+
+fn next_sequence(conn: &mut SqliteConnection, asset: &str) -> StoreResult<i64> {
+    sql_query("UPDATE assets SET last_event_sequence = last_event_sequence + 1 WHERE id = ? RETURNING last_event_sequence")
+        .bind::<Text, _>(asset)
+        .get_result::<Sequence>(conn)
+        .map(|s| s.last_event_sequence)
+        .context("number an event")
+}
+
+fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()> {
+    sql_query("INSERT INTO events (id, asset_id, sequence, type, data, created_at) VALUES (?, ?, ?, ?, ?, ?)")
+        .bind::<Text, _>(&event.id)
+        .bind::<Text, _>(&event.asset_id)
+        .bind::<BigInt, _>(event.sequence)
+        .bind::<Text, _>(event.event_type.as_str())
+        .bind::<Text, _>(&event.data)
+        .bind::<Instant, _>(event.created_at)
+        .execute(conn)
+        .context("record an event")?;
+    Ok(())
+}
+
+/// Writes an event and the answer stored under the request's key.
+fn record(
+    conn: &mut SqliteConnection,
+    event: &NewEvent,
+    idempotency: &Idempotency,
+    reply: &Reply,
+    reservation_id: &str,
+    now: Timestamp,
+) -> StoreResult<()> {
+    insert_event(conn, event)?;
+    sql_query(
+        "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind::<Text, _>(&idempotency.scope)
+    .bind::<Text, _>(idempotency.key.as_str())
+    .bind::<Text, _>(&idempotency.fingerprint)
+    .bind::<Integer, _>(i32::from(reply.status))
+    .bind::<Text, _>(&reply.body)
+    .bind::<Nullable<Text>, _>(reply.location.as_deref())
+    .bind::<Text, _>(reservation_id)
+    .bind::<Instant, _>(now)
+    .execute(conn)
+    .context("store the answer")?;
+    Ok(())
+}
+
+fn load_reservation(
+    conn: &mut SqliteConnection,
+    id: &ReservationId,
+    now: Timestamp,
+) -> StoreResult<Option<Reservation>> {
+    let id = id.to_string();
+    let row = reservations::table
+        .find(&id)
+        .select(ReservationRow::as_select())
+        .first::<ReservationRow>(conn)
+        .optional()
+        .context("read a reservation")?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let refund_rows = refunds::table
+        .filter(refunds::reservation_id.eq(&id))
+        .order((refunds::created_at.asc(), refunds::id.asc()))
+        .select(RefundRow::as_select())
+        .load::<RefundRow>(conn)
+        .context("read a reservation's refunds")?;
+    let mut reservation = row.into_reservation()?;
+    reservation.refunds = refund_rows
+        .into_iter()
+        .map(RefundRow::into_refund)
+        .collect::<StoreResult<_>>()?;
+    Ok(Some(reservation.effective(now)))
+}
