@@ -25,6 +25,11 @@ enum Command {
     Migrate,
     /// Print the OpenAPI document.
     Openapi,
+    /// Write a consistent copy of the live SQLite database to PATH.
+    Backup {
+        /// Where to write the copy; must not exist yet.
+        path: std::path::PathBuf,
+    },
     /// Run the janitor: expire lapsed holds, purge old idempotency records.
     Sweep {
         /// One pass, then exit.
@@ -53,11 +58,10 @@ async fn run(cli: Cli) -> Result<(), String> {
             let app = Application::build(config.clone(), !no_migrate)
                 .await
                 .map_err(|e| holdfast::http::error::error_chain(&e))?;
-            tracing::info!(
-                listen = %format!("http://{}:{}", config.bind.ip(), app.port()),
-                database = %app.store().describe(),
-                "holdfast is serving"
-            );
+            let base = format!("http://{}:{}", config.bind.ip(), app.port());
+            tracing::info!("holdfast {} listening on {base}", env!("CARGO_PKG_VERSION"));
+            tracing::info!("database: {}", app.store().describe());
+            tracing::info!("API document: {base}/openapi.json");
             app.run_until_stopped()
                 .await
                 .map_err(|e| format!("server failed: {e}"))
@@ -73,6 +77,18 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .to_pretty_json()
                 .map_err(|e| format!("cannot render the document: {e}"))?;
             println!("{doc}");
+            Ok(())
+        }
+        Command::Backup { path } => {
+            if path.exists() {
+                return Err(format!(
+                    "{} already exists; choose a new file",
+                    path.display()
+                ));
+            }
+            let store = open(&config).await?;
+            store.backup(&path).await.map_err(|e| e.to_string())?;
+            println!("backed up {} to {}", store.describe(), path.display());
             Ok(())
         }
         Command::Sweep { once } => {

@@ -213,6 +213,16 @@ impl Store {
         dispatch!(self, s => s.sweep().await)
     }
 
+    /// Writes a consistent copy of a live embedded database to `target`.
+    pub async fn backup(&self, target: &std::path::Path) -> StoreResult<()> {
+        match self {
+            Store::Sqlite(s) => s.backup(target).await,
+            Store::Postgres(_) => Err(StoreError::Config(
+                "backup copies the embedded SQLite database; for PostgreSQL use pg_dump".into(),
+            )),
+        }
+    }
+
     /// Where the data lives, for the start-up line (no credentials).
     pub fn describe(&self) -> String {
         dispatch!(self, s => s.describe())

@@ -581,3 +581,37 @@ impl TestApp {
         }
     }
 }
+
+/// An empty PostgreSQL database of the test's own, dropped afterwards.
+pub struct EmptyPgDatabase {
+    pub url: String,
+    _db: TestDb,
+}
+
+impl EmptyPgDatabase {
+    pub async fn create() -> Option<Self> {
+        let server = postgres_server().await?;
+        let name = format!(
+            "holdfast_e_{}",
+            ulid::Ulid::new().to_string().to_lowercase()
+        );
+        let mut admin = AsyncPgConnection::establish(&server.admin_url)
+            .await
+            .expect("connect as admin");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create an empty database");
+        let url = server.database_url(&name);
+        Some(Self {
+            url: url.clone(),
+            _db: TestDb {
+                url,
+                kind: DbKind::Postgres {
+                    admin_url: server.admin_url.clone(),
+                    name,
+                },
+            },
+        })
+    }
+}

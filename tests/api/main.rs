@@ -9,5 +9,6 @@ mod errors;
 mod holds;
 mod idempotency;
 mod janitor;
+mod migrations;
 mod races;
 mod releases;
