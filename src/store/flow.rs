@@ -79,13 +79,13 @@ pub(crate) trait Backend {
         now: Timestamp,
     ) -> impl Future<Output = StoreResult<Option<Reservation>>> + Send;
 
-    /// Sells the asset to a live hold. `None` when the hold was no longer live.
+    /// Sells the asset to a hold still live at the write's own clock.
+    /// `None` when it was no longer live.
     fn commit(
         &self,
         reservation: &Reservation,
         payment: &PaymentReference,
         idempotency: &Idempotency,
-        now: Timestamp,
     ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
 
     /// Records the refund of `payment` (expiring a lapsed hold first).
@@ -98,12 +98,12 @@ pub(crate) trait Backend {
         now: Timestamp,
     ) -> impl Future<Output = StoreResult<RefundWrite>> + Send;
 
-    /// Ends a live hold. `None` when it was no longer live.
+    /// Ends a hold still live at the write's own clock. `None` when it was
+    /// no longer live.
     fn release(
         &self,
         reservation: &Reservation,
         idempotency: &Idempotency,
-        now: Timestamp,
     ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
 }
 
@@ -196,7 +196,7 @@ pub(crate) async fn commit<B: Backend>(
         ) {
             CommitDecision::Commit => {
                 match backend
-                    .commit(&reservation, payment, &req.idempotency, snap.now)
+                    .commit(&reservation, payment, &req.idempotency)
                     .await
                 {
                     Ok(Some(reply)) => return Ok(CommitOutcome::Committed(reply)),
@@ -272,10 +272,7 @@ pub(crate) async fn release<B: Backend>(
         let reservation = stored.effective(snap.now);
         match release_decision(reservation.status) {
             ReleaseDecision::Release => {
-                match backend
-                    .release(&reservation, &req.idempotency, snap.now)
-                    .await
-                {
+                match backend.release(&reservation, &req.idempotency).await {
                     Ok(Some(reply)) => return Ok(ReleaseOutcome::Released(reply)),
                     Ok(None) => continue,
                     Err(e) if is_unique_violation(&e) => continue,

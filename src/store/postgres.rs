@@ -367,14 +367,12 @@ impl Backend for PgStore {
         reservation: &Reservation,
         payment: &PaymentReference,
         idempotency: &Idempotency,
-        now: Timestamp,
     ) -> StoreResult<Option<Reply>> {
         let mut conn = self.conn().await?;
         finish_transition(
             &mut conn,
             reservation,
             idempotency,
-            now,
             Transition::Commit(payment),
         )
         .await
@@ -449,17 +447,9 @@ impl Backend for PgStore {
         &self,
         reservation: &Reservation,
         idempotency: &Idempotency,
-        now: Timestamp,
     ) -> StoreResult<Option<Reply>> {
         let mut conn = self.conn().await?;
-        finish_transition(
-            &mut conn,
-            reservation,
-            idempotency,
-            now,
-            Transition::Release,
-        )
-        .await
+        finish_transition(&mut conn, reservation, idempotency, Transition::Release).await
     }
 }
 
@@ -469,23 +459,23 @@ enum Transition<'a> {
 }
 
 /// Commit or release of a live hold: the asset first (lock order: asset,
-/// then reservation), guarded by status, owner and expiry; then the
-/// reservation, the event and the stored answer, in one transaction.
+/// then reservation), guarded by status, owner and expiry at the write's own
+/// `now()`; then the reservation, the event and the stored answer, in one
+/// transaction.
 async fn finish_transition(
     conn: &mut AsyncPgConnection,
     reservation: &Reservation,
     idempotency: &Idempotency,
-    now: Timestamp,
     transition: Transition<'_>,
 ) -> StoreResult<Option<Reply>> {
     let (sql, payment, event_type) = match transition {
         Transition::Commit(payment) => (
             "WITH a AS ( \
                UPDATE assets SET status = 'SOLD', hold_expires_at = NULL, version = version + 1, \
-                      last_event_sequence = last_event_sequence + 1, updated_at = $2 \
-               WHERE id = $3 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > $2 \
+                      last_event_sequence = last_event_sequence + 1, updated_at = now() \
+               WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > now() \
                RETURNING last_event_sequence) \
-             UPDATE reservations SET status = 'COMMITTED', committed_at = $2, payment_reference = $4 \
+             UPDATE reservations SET status = 'COMMITTED', committed_at = now(), payment_reference = $3 \
              WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a) \
              RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
             Some(payment.as_str()),
@@ -494,10 +484,10 @@ async fn finish_transition(
         Transition::Release => (
             "WITH a AS ( \
                UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
-                      version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $2 \
-               WHERE id = $3 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > $2 \
+                      version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now() \
+               WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > now() \
                RETURNING last_event_sequence) \
-             UPDATE reservations SET status = 'RELEASED', released_at = $2 \
+             UPDATE reservations SET status = 'RELEASED', released_at = now() \
              WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a) \
              RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
             None,
@@ -508,7 +498,6 @@ async fn finish_transition(
         .transaction(async |c| {
             let query = sql_query(sql)
                 .bind::<Text, _>(&reservation.reservation_id)
-                .bind::<Timestamptz, _>(now)
                 .bind::<Text, _>(&reservation.asset_id);
             let row = match payment {
                 Some(payment) => {
@@ -524,8 +513,13 @@ async fn finish_transition(
             let Some(row) = row else {
                 return Err(Abort::Retry);
             };
-            // A live hold has no refunds yet.
-            let updated = row.reservation.into_reservation()?.effective(now);
+            // A live hold has no refunds yet; the change happened at the
+            // database's now(), which the row carries.
+            let updated = row.reservation.into_reservation()?;
+            let now = updated
+                .committed_at
+                .or(updated.released_at)
+                .unwrap_or(updated.created_at);
             let reply = reply::reservation_ok(&updated);
             let event = NewEvent::new(
                 &updated.asset_id,

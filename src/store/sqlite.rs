@@ -470,9 +470,8 @@ impl Backend for SqliteStore {
         reservation: &Reservation,
         payment: &PaymentReference,
         idempotency: &Idempotency,
-        now: Timestamp,
     ) -> StoreResult<Option<Reply>> {
-        self.finish_transition(reservation, idempotency, now, Some(payment.to_string()))
+        self.finish_transition(reservation, idempotency, Some(payment.to_string()))
             .await
     }
 
@@ -539,22 +538,19 @@ impl Backend for SqliteStore {
         &self,
         reservation: &Reservation,
         idempotency: &Idempotency,
-        now: Timestamp,
     ) -> StoreResult<Option<Reply>> {
-        self.finish_transition(reservation, idempotency, now, None)
-            .await
+        self.finish_transition(reservation, idempotency, None).await
     }
 }
 
 impl SqliteStore {
     /// Commit (with a payment) or release of a live hold: the asset first,
-    /// guarded by status, owner and expiry; then the reservation, the event
+    /// guarded by status, owner and expiry at the write's clock; then the reservation, the event
     /// and the stored answer, in one transaction.
     async fn finish_transition(
         &self,
         reservation: &Reservation,
         idempotency: &Idempotency,
-        now: Timestamp,
         payment: Option<String>,
     ) -> StoreResult<Option<Reply>> {
         let (id, asset) = (
@@ -564,6 +560,8 @@ impl SqliteStore {
         let idempotency = idempotency.clone();
         let result = self
             .write("change the reservation", move |c| {
+                // Judged at the write's own clock, after any wait for the writer.
+                let now = clock();
                 let asset_sql = if payment.is_some() {
                     "UPDATE assets SET status = 'SOLD', hold_expires_at = NULL, version = version + 1, \
                             last_event_sequence = last_event_sequence + 1, updated_at = ?1 \
