@@ -172,6 +172,26 @@ pub struct Refund {
     pub created_at: Timestamp,
 }
 
+impl Refund {
+    /// A new refund request for `payment` on `reservation`.
+    pub fn requested(
+        reservation: &Reservation,
+        payment: &str,
+        reason: RefundReason,
+        now: Timestamp,
+    ) -> Self {
+        Refund {
+            refund_id: super::RefundId::generate().to_string(),
+            reservation_id: reservation.reservation_id.clone(),
+            asset_id: reservation.asset_id.clone(),
+            payment_reference: payment.to_owned(),
+            reason,
+            status: RefundStatus::Requested,
+            created_at: now,
+        }
+    }
+}
+
 /// One entry of an asset's timeline, written in the same transaction as the change.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Event {

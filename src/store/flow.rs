@@ -10,7 +10,7 @@ use chrono::Duration;
 use super::error::{is_unique_violation, violated_constraint};
 use super::{
     CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome,
-    ReleaseRequest, StoreError, StoreResult, StoredAnswer,
+    ReleaseRequest, StoreError, StoreResult, StoredAnswer, SweepReport,
 };
 use crate::domain::{
     commit_decision, hold_decision, release_decision, AssetId, AssetStatus, CommitDecision,
@@ -97,6 +97,12 @@ pub(crate) trait Backend {
         idempotency: &Idempotency,
         now: Timestamp,
     ) -> impl Future<Output = StoreResult<RefundWrite>> + Send;
+
+    /// Expires up to `limit` lapsed holds in one transaction; how many.
+    fn expire_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
+
+    /// Deletes up to `limit` stored answers past retention; how many.
+    fn purge_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 
     /// Ends a hold still live at the write's own clock. `None` when it was
     /// no longer live.
@@ -301,4 +307,26 @@ async fn reload<B: Backend>(
         .load_reservation(id, now)
         .await?
         .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))
+}
+
+/// One janitor pass: lapsed holds batch by batch, then stored answers past
+/// retention, each batch its own short transaction.
+pub(crate) async fn sweep<B: Backend>(backend: &B, batch: i64) -> StoreResult<SweepReport> {
+    let batch = batch.max(1);
+    let mut report = SweepReport::default();
+    loop {
+        let expired = backend.expire_batch(batch).await?;
+        report.expired += expired;
+        if expired < batch as u64 {
+            break;
+        }
+    }
+    loop {
+        let purged = backend.purge_batch(batch).await?;
+        report.purged_keys += purged;
+        if purged < batch as u64 {
+            break;
+        }
+    }
+    Ok(report)
 }

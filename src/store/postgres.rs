@@ -25,8 +25,8 @@ use super::{
     ReleaseRequest, StoreError, StoreResult, StoreSettings, SweepReport,
 };
 use crate::domain::{
-    Asset, AssetId, AssetStatus, Event, EventType, PaymentReference, Refund, RefundId,
-    RefundReason, RefundStatus, Reservation, ReservationId, Timestamp,
+    Asset, AssetId, AssetStatus, Event, EventType, PaymentReference, Refund, RefundReason,
+    Reservation, ReservationId, Timestamp,
 };
 use crate::reply::{self, Reply};
 
@@ -231,46 +231,38 @@ impl PgStore {
         flow::release(self, req).await
     }
 
-    /// One janitor pass: expires lapsed holds batch by batch (each batch one
-    /// transaction, rows taken with SKIP LOCKED in id order), then purges
-    /// idempotency records past retention.
     pub async fn sweep(&self) -> StoreResult<SweepReport> {
-        let mut conn = self.conn().await?;
-        let mut report = SweepReport::default();
-        let batch = self.settings.sweep_batch;
-        loop {
-            let now = db_now(&mut conn).await?;
-            let expired = conn
-                .transaction(async |c| expire_lapsed(c, None, now, batch).await)
-                .await?;
-            report.expired += expired as u64;
-            if (expired as i64) < batch {
-                break;
-            }
-        }
-        let retention = chrono::Duration::from_std(self.settings.idempotency_retention)
-            .unwrap_or(chrono::Duration::hours(24));
-        loop {
-            let purged = sql_query(
-                "DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
-                   SELECT scope, key FROM idempotency_keys WHERE created_at < now() - $1::interval \
-                   ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-            )
-            .bind::<Text, _>(format!("{} seconds", retention.num_seconds()))
-            .bind::<BigInt, _>(batch)
-            .execute(&mut conn)
-            .await
-            .context("purge idempotency records")?;
-            report.purged_keys += purged as u64;
-            if (purged as i64) < batch {
-                break;
-            }
-        }
-        Ok(report)
+        flow::sweep(self, self.settings.sweep_batch).await
     }
 }
 
 impl Backend for PgStore {
+    /// Rows are taken with SKIP LOCKED in id order, so instances share the work.
+    async fn expire_batch(&self, limit: i64) -> StoreResult<u64> {
+        let mut conn = self.conn().await?;
+        let now = db_now(&mut conn).await?;
+        let expired = conn
+            .transaction(async |c| expire_lapsed(c, None, now, limit).await)
+            .await?;
+        Ok(expired as u64)
+    }
+
+    async fn purge_batch(&self, limit: i64) -> StoreResult<u64> {
+        let mut conn = self.conn().await?;
+        let retention = self.settings.idempotency_retention.as_secs();
+        let purged = sql_query(
+            "DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
+               SELECT scope, key FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1) \
+               ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind::<diesel::sql_types::Double, _>(retention as f64)
+        .bind::<BigInt, _>(limit)
+        .execute(&mut conn)
+        .await
+        .context("purge idempotency records")?;
+        Ok(purged as u64)
+    }
+
     async fn hold_snapshot(
         &self,
         asset: &AssetId,
@@ -393,15 +385,7 @@ impl Backend for PgStore {
                 // timeline reads held → expired → refund requested.
                 expire_lapsed(c, Some(&reservation.asset_id), now, 1).await?;
                 let sequence = next_sequence(c, &reservation.asset_id).await?;
-                let refund = Refund {
-                    refund_id: RefundId::generate().to_string(),
-                    reservation_id: reservation.reservation_id.clone(),
-                    asset_id: reservation.asset_id.clone(),
-                    payment_reference: payment.to_string(),
-                    reason,
-                    status: RefundStatus::Requested,
-                    created_at: now,
-                };
+                let refund = Refund::requested(reservation, payment.as_str(), reason, now);
                 let inserted = sql_query(
                     "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7) \

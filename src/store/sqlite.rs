@@ -27,8 +27,8 @@ use super::{
     ReleaseRequest, StoreError, StoreResult, StoreSettings, SweepReport,
 };
 use crate::domain::{
-    Asset, AssetId, AssetStatus, Event, EventType, PaymentReference, Refund, RefundId,
-    RefundReason, RefundStatus, Reservation, ReservationId, Timestamp,
+    Asset, AssetId, AssetStatus, Event, EventType, PaymentReference, Refund, RefundReason,
+    Reservation, ReservationId, Timestamp,
 };
 use crate::reply::{self, Reply};
 
@@ -269,43 +269,7 @@ impl SqliteStore {
     }
 
     pub async fn sweep(&self) -> StoreResult<SweepReport> {
-        let batch = self.settings.sweep_batch;
-        let mut report = SweepReport::default();
-        loop {
-            let expired = self
-                .write("expire lapsed holds", move |c| {
-                    Ok(expire_lapsed(c, None, clock(), batch)?)
-                })
-                .await?
-                .map_err(abort_to_error)?;
-            report.expired += expired as u64;
-            if (expired as i64) < batch {
-                break;
-            }
-        }
-        let retention = chrono::Duration::from_std(self.settings.idempotency_retention)
-            .unwrap_or(chrono::Duration::hours(24));
-        loop {
-            let cutoff = clock() - retention;
-            let purged = self
-                .write("purge idempotency records", move |c| {
-                    Ok(sql_query(
-                        "DELETE FROM idempotency_keys WHERE rowid IN ( \
-                           SELECT rowid FROM idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?)",
-                    )
-                    .bind::<Instant, _>(cutoff)
-                    .bind::<BigInt, _>(batch)
-                    .execute(c)
-                    .context("purge idempotency records")?)
-                })
-                .await?
-                .map_err(abort_to_error)?;
-            report.purged_keys += purged as u64;
-            if (purged as i64) < batch {
-                break;
-            }
-        }
-        Ok(report)
+        flow::sweep(self, self.settings.sweep_batch).await
     }
 }
 
@@ -336,6 +300,35 @@ where
 }
 
 impl Backend for SqliteStore {
+    async fn expire_batch(&self, limit: i64) -> StoreResult<u64> {
+        let expired = self
+            .write("expire lapsed holds", move |c| {
+                Ok(expire_lapsed(c, None, clock(), limit)?)
+            })
+            .await?
+            .map_err(abort_to_error)?;
+        Ok(expired as u64)
+    }
+
+    async fn purge_batch(&self, limit: i64) -> StoreResult<u64> {
+        let retention = chrono::Duration::from_std(self.settings.idempotency_retention)
+            .unwrap_or(chrono::Duration::hours(24));
+        let purged = self
+            .write("purge idempotency records", move |c| {
+                Ok(sql_query(
+                    "DELETE FROM idempotency_keys WHERE rowid IN ( \
+                       SELECT rowid FROM idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?)",
+                )
+                .bind::<Instant, _>(clock() - retention)
+                .bind::<BigInt, _>(limit)
+                .execute(c)
+                .context("purge idempotency records")?)
+            })
+            .await?
+            .map_err(abort_to_error)?;
+        Ok(purged as u64)
+    }
+
     async fn hold_snapshot(
         &self,
         asset: &AssetId,
@@ -491,15 +484,7 @@ impl Backend for SqliteStore {
                 // timeline reads held → expired → refund requested.
                 expire_lapsed(c, Some(&reservation.asset_id), now, 1)?;
                 let sequence = next_sequence(c, &reservation.asset_id)?;
-                let refund = Refund {
-                    refund_id: RefundId::generate().to_string(),
-                    reservation_id: reservation.reservation_id.clone(),
-                    asset_id: reservation.asset_id.clone(),
-                    payment_reference: payment,
-                    reason,
-                    status: RefundStatus::Requested,
-                    created_at: now,
-                };
+                let refund = Refund::requested(&reservation, &payment, reason, now);
                 let inserted = sql_query(
                     "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at) \
                      VALUES (?, ?, ?, ?, ?, ?, ?) \
