@@ -61,7 +61,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             let base = format!("http://{}:{}", config.bind.ip(), app.port());
             tracing::info!("holdfast {} listening on {base}", env!("CARGO_PKG_VERSION"));
             tracing::info!("database: {}", app.store().describe());
-            tracing::info!("API document: {base}/openapi.json");
+            tracing::info!("API docs: {base}/docs/ (OpenAPI document: {base}/openapi.json)");
             app.run_until_stopped()
                 .await
                 .map_err(|e| format!("server failed: {e}"))

@@ -8,7 +8,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::{respond, ApiError};
 use super::extract::{JsonBody, Validator};
-use super::{AppState, ProblemBody};
+use super::AppState;
 use crate::domain::{Asset, AssetId, AssetStatus, Event};
 use crate::reply::{self, ErrorCode, Problem, Reply};
 use crate::store::AssetPage;
@@ -50,12 +50,6 @@ fn parse_name(name: &str) -> Result<String, String> {
     responses(
         (status = 201, description = "Created", body = Asset,
          headers(("Location" = String, description = "The new asset's URL"))),
-        (status = 400, description = "Body is not a JSON object", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "ASSET_EXISTS", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 415, description = "Body is not application/json", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 422, description = "VALIDATION_FAILED", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 #[post("/v1/assets")]
@@ -88,11 +82,9 @@ pub async fn create_asset(
 #[utoipa::path(
     tag = "assets",
     operation_id = "get_asset",
-    params(("asset_id" = String, Path, description = "The asset's id")),
+    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")),
     responses(
         (status = 200, description = "The asset", body = Asset),
-        (status = 404, description = "ASSET_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 #[get("/v1/assets/{asset_id}")]
@@ -138,8 +130,6 @@ const LIMIT_MAX: i64 = 500;
     params(ListAssetsQuery),
     responses(
         (status = 200, description = "One page of assets", body = AssetList),
-        (status = 422, description = "VALIDATION_FAILED", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 #[get("/v1/assets")]
@@ -222,11 +212,9 @@ pub struct EventList {
 #[utoipa::path(
     tag = "assets",
     operation_id = "list_asset_events",
-    params(("asset_id" = String, Path, description = "The asset's id")),
+    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")),
     responses(
         (status = 200, description = "The asset's events", body = EventList),
-        (status = 404, description = "ASSET_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 #[get("/v1/assets/{asset_id}/events")]

@@ -7,7 +7,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::error::{respond, ApiError};
-use super::{AppState, ProblemBody};
+use super::AppState;
 use crate::reply::{self, Reply};
 
 /// How long readiness waits for the database.
@@ -36,7 +36,6 @@ pub async fn healthz() -> HttpResponse {
     operation_id = "get_readiness",
     responses(
         (status = 200, description = "Ready", body = Health),
-        (status = 503, description = "SERVICE_UNAVAILABLE: the database does not answer", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 #[get("/readyz")]

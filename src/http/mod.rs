@@ -2,6 +2,7 @@
 //! its typed outcome to a status and body.
 
 mod assets;
+mod docs;
 pub mod error;
 mod extract;
 mod health;
@@ -9,7 +10,7 @@ mod reservations;
 
 use actix_web::dev::ResourceDef;
 use actix_web::http::{header, Method};
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{get, web, HttpRequest, HttpResponse};
 use serde::Serialize;
 use utoipa::openapi::path::PathItem;
 use utoipa::openapi::OpenApi as OpenApiDoc;
@@ -94,7 +95,9 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(reservations::commit_reservation)
         .service(reservations::release_reservation)
         .service(health::healthz)
-        .service(health::readyz);
+        .service(health::readyz)
+        .service(get_openapi)
+        .service(get_docs);
 }
 
 /// The OpenAPI document of this build.
@@ -105,6 +108,7 @@ pub fn openapi() -> OpenApiDoc {
         .configure(configure)
         .split_for_parts();
     api.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    docs::document_problems(&mut api);
     api
 }
 
@@ -141,14 +145,37 @@ pub fn app(
                 ApiError::new(ErrorCode::NotFound, "No such resource.").into()
             }),
         )
-        .route("/openapi.json", web::get().to(openapi_json))
+        .service(
+            utoipa_swagger_ui::SwaggerUi::new("/docs/{_:.*}")
+                .config(utoipa_swagger_ui::Config::new(["/openapi.json"]).validator_url("none")),
+        )
         .default_service(web::to(fallback))
 }
 
-async fn openapi_json(state: web::Data<AppState>) -> HttpResponse {
+/// This document (OpenAPI 3.1).
+#[utoipa::path(
+    tag = "operations",
+    operation_id = "get_openapi",
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object))
+)]
+#[get("/openapi.json")]
+async fn get_openapi(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
         .body(state.openapi_json.clone())
+}
+
+/// The interactive documentation (Swagger UI, served offline) lives at `/docs/`.
+#[utoipa::path(
+    tag = "operations",
+    operation_id = "get_docs",
+    responses((status = 308, description = "Redirect to /docs/", headers(("Location" = String, description = "/docs/"))))
+)]
+#[get("/docs")]
+async fn get_docs() -> HttpResponse {
+    HttpResponse::PermanentRedirect()
+        .insert_header((header::LOCATION, "/docs/"))
+        .finish()
 }
 
 /// Known paths and their methods, so an unknown method gets 405 with `Allow`.
@@ -164,7 +191,7 @@ impl RouteTable {
             .iter()
             .map(|(path, item)| (ResourceDef::new(path.as_str()), methods(item)))
             .collect();
-        routes.push((ResourceDef::new("/openapi.json"), vec![Method::GET]));
+        routes.push((ResourceDef::new("/docs/{_:.*}"), vec![Method::GET]));
         Self { routes }
     }
 

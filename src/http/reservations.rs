@@ -4,9 +4,10 @@ use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
+use super::docs::IdempotencyKeyParam;
 use super::error::{respond, ApiError};
 use super::extract::{Caller, IdempotencyKeyHeader, JsonBody, Validator};
-use super::{AppState, ProblemBody};
+use super::AppState;
 use crate::domain::{AssetId, BuyerId, PaymentReference, Reservation, ReservationId};
 use crate::reply::{self, Reply};
 use crate::store::{
@@ -46,8 +47,8 @@ fn reservation_id(path: &str) -> Result<ReservationId, ApiError> {
     tag = "reservations",
     operation_id = "hold_asset",
     params(
-        ("asset_id" = String, Path, description = "The asset to hold"),
-        ("Idempotency-Key" = String, Header, description = "Makes the request safe to retry: 1 to 255 printable ASCII characters, unique per request"),
+        ("asset_id" = String, Path, description = "The asset to hold", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"),
+        IdempotencyKeyParam,
     ),
     request_body = HoldAssetRequest,
     responses(
@@ -55,14 +56,6 @@ fn reservation_id(path: &str) -> Result<ReservationId, ApiError> {
          headers(("Location" = String, description = "The reservation's URL"))),
         (status = 200, description = "Replay of an earlier 201 with the same key", body = Reservation,
          headers(("Idempotent-Replayed" = String, description = "true"), ("Location" = String, description = "The reservation's URL"))),
-        (status = 400, description = "MALFORMED_JSON or IDEMPOTENCY_KEY_INVALID", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 404, description = "ASSET_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "ASSET_UNAVAILABLE (with asset_status and hold_expires_at)", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 413, description = "PAYLOAD_TOO_LARGE", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 415, description = "UNSUPPORTED_MEDIA_TYPE", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 422, description = "VALIDATION_FAILED or IDEMPOTENCY_KEY_REUSED", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "SERVICE_UNAVAILABLE", body = ProblemBody, content_type = "application/problem+json",
-         headers(("Retry-After" = String, description = "Seconds to wait"))),
     )
 )]
 #[post("/v1/assets/{asset_id}/reservations")]
@@ -109,11 +102,9 @@ pub async fn hold_asset(
 #[utoipa::path(
     tag = "reservations",
     operation_id = "get_reservation",
-    params(("reservation_id" = String, Path, description = "res_ followed by a ULID")),
+    params(("reservation_id" = String, Path, description = "res_ followed by a ULID", pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$")),
     responses(
         (status = 200, description = "The reservation", body = Reservation),
-        (status = 404, description = "RESERVATION_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "SERVICE_UNAVAILABLE", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 #[get("/v1/reservations/{reservation_id}")]
@@ -134,19 +125,12 @@ pub async fn get_reservation(
     tag = "reservations",
     operation_id = "commit_reservation",
     params(
-        ("reservation_id" = String, Path, description = "res_ followed by a ULID"),
-        ("Idempotency-Key" = String, Header, description = "Makes the request safe to retry: 1 to 255 printable ASCII characters, unique per request"),
+        ("reservation_id" = String, Path, description = "res_ followed by a ULID", pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$"),
+        IdempotencyKeyParam,
     ),
     request_body = CommitReservationRequest,
     responses(
         (status = 200, description = "COMMITTED (or already committed with this payment, or a replay)", body = Reservation),
-        (status = 400, description = "MALFORMED_JSON or IDEMPOTENCY_KEY_INVALID", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 404, description = "RESERVATION_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "HOLD_EXPIRED, RESERVATION_NOT_ACTIVE or ALREADY_COMMITTED (with refund and reservation), PAYMENT_REFERENCE_USED", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 413, description = "PAYLOAD_TOO_LARGE", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 415, description = "UNSUPPORTED_MEDIA_TYPE", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 422, description = "VALIDATION_FAILED or IDEMPOTENCY_KEY_REUSED", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "SERVICE_UNAVAILABLE", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/commit")]
@@ -190,19 +174,12 @@ pub async fn commit_reservation(
     tag = "reservations",
     operation_id = "release_reservation",
     params(
-        ("reservation_id" = String, Path, description = "res_ followed by a ULID"),
-        ("Idempotency-Key" = String, Header, description = "Makes the request safe to retry: 1 to 255 printable ASCII characters, unique per request"),
+        ("reservation_id" = String, Path, description = "res_ followed by a ULID", pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$"),
+        IdempotencyKeyParam,
     ),
     request_body(content = Option<ReleaseReservationRequest>, description = "No body, or {}"),
     responses(
         (status = 200, description = "RELEASED (or released before, or a replay)", body = Reservation),
-        (status = 400, description = "MALFORMED_JSON or IDEMPOTENCY_KEY_INVALID", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 404, description = "RESERVATION_NOT_FOUND", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 409, description = "RESERVATION_NOT_ACTIVE (committed or expired)", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 413, description = "PAYLOAD_TOO_LARGE", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 415, description = "UNSUPPORTED_MEDIA_TYPE", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 422, description = "VALIDATION_FAILED or IDEMPOTENCY_KEY_REUSED", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "SERVICE_UNAVAILABLE", body = ProblemBody, content_type = "application/problem+json"),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/release")]

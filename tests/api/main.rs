@@ -10,5 +10,6 @@ mod holds;
 mod idempotency;
 mod janitor;
 mod migrations;
+mod openapi;
 mod races;
 mod releases;

@@ -1,0 +1,231 @@
+//! The parts of the OpenAPI document that are derived from tables rather
+//! than handler annotations: which problems each operation can answer, with
+//! the `error_code`s it can carry and an example rendered by the real code.
+
+use serde_json::Value;
+use utoipa::openapi::content::ContentBuilder;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::{OpenApi, Ref, RefOr};
+use utoipa::IntoParams;
+
+use super::error::PROBLEM_JSON;
+use crate::domain::{AssetStatus, FieldError};
+use crate::reply::{self, ErrorCode, Problem};
+
+/// The `Idempotency-Key` request header.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // read by the document, never constructed
+pub struct IdempotencyKeyParam {
+    /// Makes the request safe to retry: a new random value per request (a
+    /// UUID is fine), the same value when retrying it. 1 to 255 printable
+    /// ASCII characters.
+    #[param(
+        rename = "Idempotency-Key",
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[\\x20-\\x7E]+$",
+        example = "8f14e45f-hold-1"
+    )]
+    pub idempotency_key: String,
+}
+
+use ErrorCode::*;
+
+const BODY: &[(u16, &[ErrorCode])] = &[
+    (400, &[MalformedJson]),
+    (413, &[PayloadTooLarge]),
+    (415, &[UnsupportedMediaType]),
+];
+const KEYED_BODY: &[(u16, &[ErrorCode])] = &[
+    (400, &[MalformedJson, IdempotencyKeyInvalid]),
+    (413, &[PayloadTooLarge]),
+    (415, &[UnsupportedMediaType]),
+    (422, &[ValidationFailed, IdempotencyKeyReused]),
+];
+const DATABASE: &[(u16, &[ErrorCode])] = &[(503, &[ServiceUnavailable])];
+
+/// The problems each operation can answer, by status.
+fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
+    let own: &[(u16, &[ErrorCode])] = match operation_id {
+        "create_asset" => &[(409, &[AssetExists]), (422, &[ValidationFailed])],
+        "get_asset" | "list_asset_events" => &[(404, &[AssetNotFound])],
+        "list_assets" => &[(422, &[ValidationFailed])],
+        "hold_asset" => &[
+            (404, &[AssetNotFound]),
+            (409, &[AssetUnavailable, IdempotencyKeyInUse]),
+        ],
+        "get_reservation" => &[(404, &[ReservationNotFound])],
+        "commit_reservation" => &[
+            (404, &[ReservationNotFound]),
+            (
+                409,
+                &[
+                    HoldExpired,
+                    ReservationNotActive,
+                    AlreadyCommitted,
+                    PaymentReferenceUsed,
+                    IdempotencyKeyInUse,
+                ],
+            ),
+        ],
+        "release_reservation" => &[
+            (404, &[ReservationNotFound]),
+            (409, &[ReservationNotActive, IdempotencyKeyInUse]),
+        ],
+        "get_readiness" => &[],
+        _ => return Vec::new(),
+    };
+    let body: &[(u16, &[ErrorCode])] = match operation_id {
+        "create_asset" => BODY,
+        "hold_asset" | "commit_reservation" | "release_reservation" => KEYED_BODY,
+        _ => &[],
+    };
+    let mut all: Vec<(u16, &'static [ErrorCode])> =
+        own.iter().chain(body).chain(DATABASE).copied().collect();
+    all.sort_by_key(|(status, _)| *status);
+    all
+}
+
+/// An example body for `code`, rendered by the code that sends it.
+fn example(code: ErrorCode) -> Value {
+    let problem = match code {
+        AssetUnavailable => reply::asset_unavailable(
+            AssetStatus::Held,
+            chrono::DateTime::parse_from_rfc3339("2026-11-29T14:30:00Z")
+                .ok()
+                .map(|t| t.with_timezone(&chrono::Utc)),
+        ),
+        ValidationFailed => reply::validation_failed(vec![FieldError::new(
+            "buyer_id",
+            "must be 1 to 64 characters",
+        )]),
+        IdempotencyKeyReused => reply::key_reused(),
+        AssetNotFound => reply::asset_not_found(),
+        ReservationNotFound => reply::reservation_not_found(),
+        ServiceUnavailable => reply::service_unavailable(),
+        other => Problem::new(other, describe(other)),
+    };
+    serde_json::from_str(&problem.into_reply().body).unwrap_or(Value::Null)
+}
+
+/// What each code means, for descriptions and examples.
+pub fn describe(code: ErrorCode) -> &'static str {
+    match code {
+        MalformedJson => "The body is not JSON, or not a JSON object.",
+        IdempotencyKeyInvalid => "The Idempotency-Key header is missing, empty, too long or not printable ASCII.",
+        Unauthenticated => "No API key, or an unknown one.",
+        Forbidden => "This API key's role may not do this.",
+        NotFound => "No such route.",
+        AssetNotFound => "No asset has this id.",
+        ReservationNotFound => "No reservation has this id.",
+        MethodNotAllowed => "The path exists but not with this method; see Allow.",
+        AssetExists => "An asset with this id already exists.",
+        AssetUnavailable => "Held by another buyer (try later: see hold_expires_at) or sold (gone): see asset_status.",
+        HoldExpired => "The hold lapsed before the commit; the payment is refunded (see refund).",
+        ReservationNotActive => "The reservation is released, committed or expired; a payment carried is refunded (see refund).",
+        AlreadyCommitted => "Committed before with another payment; this payment is refunded (see refund).",
+        PaymentReferenceUsed => "This payment_reference already committed another reservation.",
+        IdempotencyKeyInUse => "A request with this key is still running; retry shortly.",
+        HoldLimitReached => "The buyer already has the maximum of live holds.",
+        PayloadTooLarge => "The body is over the size limit.",
+        UnsupportedMediaType => "The body is not sent as application/json.",
+        ValidationFailed => "Fields break their rules; see errors.",
+        IdempotencyKeyReused => "This Idempotency-Key was used for a different request.",
+        RateLimited => "Too many requests; see Retry-After.",
+        Internal => "A bug; nothing internal is shown.",
+        ServiceUnavailable => "The database is unreachable or too slow; nothing changed. See Retry-After.",
+    }
+}
+
+/// Adds every operation's problem responses: the Problem schema narrowed to
+/// the `error_code`s that operation can answer with at that status.
+pub fn document_problems(api: &mut OpenApi) {
+    for item in api.paths.paths.values_mut() {
+        for operation in [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            add_problems(operation);
+        }
+    }
+}
+
+fn add_problems(operation: &mut Operation) {
+    let Some(id) = operation.operation_id.clone() else {
+        return;
+    };
+    for (status, codes) in problems(&id) {
+        let narrowed = ObjectBuilder::new()
+            .schema_type(SchemaType::Type(Type::Object))
+            .property(
+                "error_code",
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::Type(Type::String))
+                    .enum_values(Some(codes.iter().map(|c| c.as_str()))),
+            )
+            .required("error_code");
+        let schema = Schema::AllOf(
+            AllOfBuilder::new()
+                .item(RefOr::Ref(Ref::from_schema_name("Problem")))
+                .item(narrowed)
+                .build(),
+        );
+        let description = codes
+            .iter()
+            .map(|c| format!("`{}`: {}", c.as_str(), describe(*c)))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut response = ResponseBuilder::new().description(description).content(
+            PROBLEM_JSON,
+            ContentBuilder::new()
+                .schema(Some(schema))
+                .example(Some(example(codes[0])))
+                .build(),
+        );
+        if status == 503 {
+            response = response.header(
+                "Retry-After",
+                HeaderBuilder::new()
+                    .schema(ObjectBuilder::new().schema_type(SchemaType::Type(Type::Integer)))
+                    .description(Some("Seconds to wait before retrying."))
+                    .build(),
+            );
+        }
+        operation
+            .responses
+            .responses
+            .insert(status.to_string(), RefOr::T(response.build()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn examples_carry_their_code() {
+        for code in ErrorCode::ALL {
+            assert_eq!(example(*code)["error_code"], code.as_str());
+        }
+    }
+
+    #[test]
+    fn keyed_operations_document_the_key_errors() {
+        let hold = problems("hold_asset");
+        assert!(hold
+            .iter()
+            .any(|(s, c)| *s == 400 && c.contains(&IdempotencyKeyInvalid)));
+        assert!(hold.iter().any(|(s, _)| *s == 503));
+        assert!(problems("nope").is_empty());
+    }
+}

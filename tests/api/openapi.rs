@@ -1,0 +1,78 @@
+//! The OpenAPI document is a contract: the committed file, the binary's
+//! output and what the service serves are the same document.
+
+use crate::backend_tests;
+use crate::helpers::TestApp;
+
+const REGENERATE: &str = "cargo run -q -- openapi > openapi/holdfast.json";
+
+fn committed() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/openapi/holdfast.json"
+    ))
+    .expect("openapi/holdfast.json is committed")
+}
+
+#[test]
+fn the_committed_document_is_current() {
+    let current = holdfast::http::openapi().to_pretty_json().unwrap();
+    assert!(
+        committed().trim_end() == current.trim_end(),
+        "openapi/holdfast.json is stale; regenerate it with `{REGENERATE}`"
+    );
+}
+
+#[test]
+fn the_binary_prints_the_committed_document() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("openapi")
+        .env("HOLDFAST_DATABASE_URL", "sqlite://unused.db")
+        .output()
+        .expect("holdfast openapi runs");
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim_end(),
+        committed().trim_end()
+    );
+}
+
+#[test]
+fn every_operation_is_named_verb_noun_and_tagged() {
+    let doc: serde_json::Value = serde_json::from_str(&committed()).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert!(doc["info"]["version"].is_string());
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap_or_default();
+            assert!(
+                id.contains('_') && id.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{method} {path}: operationId {id:?}"
+            );
+            assert!(
+                op["tags"].as_array().is_some_and(|t| !t.is_empty()),
+                "{method} {path}: no tag"
+            );
+        }
+    }
+}
+
+async fn the_service_serves_the_committed_document(app: TestApp) {
+    let served = app.get("/openapi.json").await.text().await.unwrap();
+    assert_eq!(served.trim_end(), committed().trim_end());
+    let docs = app.client.get(app.url("/docs")).send().await.unwrap();
+    assert_eq!(docs.status(), 200, "/docs redirects to the page");
+    assert!(docs.url().path().ends_with("/docs/"));
+    let page = docs.text().await.unwrap();
+    assert!(page.contains("swagger-ui"));
+    let init = app
+        .get("/docs/swagger-initializer.js")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(init.contains("\"validatorUrl\": \"none\""), "{init}");
+    assert!(init.contains("/openapi.json"));
+}
+
+backend_tests!(the_service_serves_the_committed_document);
