@@ -52,8 +52,9 @@ macro_rules! error_codes {
     ($($variant:ident => $status:literal, $text:literal;)+) => {
         /// Every `error_code` the service can answer with.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
+        #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
         pub enum ErrorCode {
-            $(#[serde(rename = $text)] $variant),+
+            $($variant),+
         }
 
         impl ErrorCode {
@@ -288,10 +289,11 @@ mod tests {
     }
 
     #[test]
-    fn every_code_is_upper_snake() {
+    fn every_code_is_upper_snake_and_serialises_as_its_text() {
         for code in ErrorCode::ALL {
             let s = code.as_str();
             assert!(s.chars().all(|c| c.is_ascii_uppercase() || c == '_'), "{s}");
+            assert_eq!(serde_json::to_value(code).unwrap(), s);
         }
     }
 }

@@ -7,10 +7,14 @@ macro_rules! text_enum {
     ($(#[$meta:meta])* $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, ToSchema)]
+        #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
         pub enum $name {
-            $(#[serde(rename = $text)] $variant),+
+            $($variant),+
         }
 
+        text_enum!(@methods $name { $($variant => $text),+ });
+    };
+    (@methods $name:ident { $($variant:ident => $text:literal),+ $(,)? }) => {
         impl $name {
             pub const ALL: &'static [$name] = &[$($name::$variant),+];
 
@@ -61,16 +65,28 @@ text_enum!(
     /// REQUESTED until the payment system reports the refund done.
     RefundStatus { Requested => "REQUESTED", Completed => "COMPLETED" }
 );
-text_enum!(
-    /// What an event reports.
-    EventType {
-        ReservationHeld => "reservation.held",
-        ReservationCommitted => "reservation.committed",
-        ReservationReleased => "reservation.released",
-        ReservationExpired => "reservation.expired",
-        RefundRequested => "refund.requested",
-    }
-);
+/// What an event reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, ToSchema)]
+pub enum EventType {
+    #[serde(rename = "reservation.held")]
+    ReservationHeld,
+    #[serde(rename = "reservation.committed")]
+    ReservationCommitted,
+    #[serde(rename = "reservation.released")]
+    ReservationReleased,
+    #[serde(rename = "reservation.expired")]
+    ReservationExpired,
+    #[serde(rename = "refund.requested")]
+    RefundRequested,
+}
+
+text_enum!(@methods EventType {
+    ReservationHeld => "reservation.held",
+    ReservationCommitted => "reservation.committed",
+    ReservationReleased => "reservation.released",
+    ReservationExpired => "reservation.expired",
+    RefundRequested => "refund.requested",
+});
 
 /// A one-of-a-kind asset as clients see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
@@ -209,4 +225,33 @@ pub struct Event {
     /// The reservation or refund as the API showed it at that moment.
     #[schema(value_type = Object)]
     pub data: Box<serde_json::value::RawValue>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serialized(v: impl Serialize) -> String {
+        serde_json::to_value(v).unwrap().as_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn every_enum_serialises_as_its_text() {
+        for v in AssetStatus::ALL {
+            assert_eq!(serialized(v), v.as_str());
+        }
+        for v in ReservationStatus::ALL {
+            assert_eq!(serialized(v), v.as_str());
+        }
+        for v in RefundReason::ALL {
+            assert_eq!(serialized(v), v.as_str());
+        }
+        for v in RefundStatus::ALL {
+            assert_eq!(serialized(v), v.as_str());
+        }
+        for v in EventType::ALL {
+            assert_eq!(serialized(v), v.as_str());
+            assert_eq!(EventType::parse(v.as_str()), Some(*v));
+        }
+    }
 }

@@ -35,7 +35,7 @@ pub struct AppState {
 
 /// An RFC 9457 problem as holdfast sends it (`application/problem+json`).
 #[derive(Debug, Serialize, ToSchema)]
-#[schema(title = "Problem")]
+#[schema(as = Problem, title = "Problem")]
 pub struct ProblemBody {
     /// Always `about:blank`.
     #[serde(rename = "type")]
