@@ -97,6 +97,7 @@ pub struct Asset {
     #[schema(
         min_length = 1,
         max_length = 255,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\x9F][^\\x00-\\x1F\\x7F-\\x9F]*$",
         example = "Caterpillar 320 excavator"
     )]
     pub name: String,
@@ -232,7 +233,11 @@ mod tests {
     use super::*;
 
     fn serialized(v: impl Serialize) -> String {
-        serde_json::to_value(v).unwrap().as_str().unwrap().to_owned()
+        serde_json::to_value(v)
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .to_owned()
     }
 
     #[test]

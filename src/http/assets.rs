@@ -22,6 +22,7 @@ pub struct CreateAssetRequest {
     #[schema(
         min_length = 1,
         max_length = 255,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\x9F][^\\x00-\\x1F\\x7F-\\x9F]*$",
         example = "Caterpillar 320 excavator"
     )]
     pub name: String,
@@ -31,7 +32,7 @@ const NAME_MAX: usize = 255;
 
 fn parse_name(name: &str) -> Result<String, String> {
     let n = name.chars().count();
-    if n == 0 || n > NAME_MAX || name.trim().is_empty() {
+    if n == 0 || n > NAME_MAX || name.chars().all(|c| c == ' ') {
         return Err(format!(
             "must be 1 to {NAME_MAX} characters, not only spaces"
         ));

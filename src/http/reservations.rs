@@ -18,10 +18,18 @@ use crate::store::{
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HoldAssetRequest {
-    #[schema(min_length = 1, max_length = 64, example = "buyer-4411")]
+    /// The buyer, opaque to holdfast: 1 to 64 characters, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$",
+        example = "buyer-4411"
+    )]
     pub buyer_id: String,
-    /// Hold length in seconds within the configured bounds (default 30..3600); default 600.
-    #[schema(minimum = 1, example = 600)]
+    /// Hold length in seconds, default 600 (HOLDFAST_HOLD_SECONDS), within
+    /// HOLDFAST_HOLD_SECONDS_MIN..=HOLDFAST_HOLD_SECONDS_MAX (by default 30..=3600,
+    /// the bounds shown here).
+    #[schema(minimum = 30, maximum = 3600, example = 600)]
     pub hold_seconds: Option<i64>,
 }
 
@@ -29,7 +37,13 @@ pub struct HoldAssetRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommitReservationRequest {
-    #[schema(min_length = 1, max_length = 128, example = "pay_7Hq2x9")]
+    /// 1 to 128 characters, no control characters. Commits at most one reservation.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$",
+        example = "pay_7Hq2x9"
+    )]
     pub payment_reference: String,
 }
 

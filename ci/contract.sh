@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The OpenAPI document as a contract, checked against the running service:
+# lint the document, fuzz both backends with schemathesis, drive the service
+# with a client generated from the document, and render /docs in Chromium.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  if [[ -n "${pg_db:-}" ]]; then
+    psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS $pg_db WITH (FORCE)" >/dev/null 2>&1 || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "tools"
+venv=target/ci-venv
+[[ -x $venv/bin/schemathesis ]] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check -r ci/requirements.txt
+cargo build -q --bin holdfast
+bin=target/debug/holdfast
+
+step "lint openapi/holdfast.json"
+"$venv/bin/openapi-spec-validator" openapi/holdfast.json
+
+# serve NAME PORT DATABASE_URL: starts holdfast and waits until it is ready.
+serve() {
+  HOLDFAST_DATABASE_URL=$3 HOLDFAST_BIND=127.0.0.1:$2 HOLDFAST_HOLD_SECONDS_MIN=1 RUST_LOG=warn \
+    "$bin" serve >"$work/$1.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 100); do
+    curl -sf "http://127.0.0.1:$2/readyz" >/dev/null && return 0
+    sleep 0.1
+  done
+  echo "holdfast ($1) did not become ready:"; cat "$work/$1.log"; return 1
+}
+
+sqlite_port=18181
+pg_port=18182
+serve sqlite "$sqlite_port" "sqlite://$work/holdfast.db"
+pg_db="holdfast_contract_$$"
+psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $pg_db" >/dev/null
+serve postgres "$pg_port" "postgres://postgres@127.0.0.1:5432/$pg_db"
+
+checks=not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,negative_data_rejection,missing_required_header,unsupported_method
+for backend in sqlite postgres; do
+  port=${backend}_port
+  port=${!port}
+  step "schemathesis on $backend"
+  (cd "$work" && "$root/$venv/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
+    --url "http://127.0.0.1:$port" --checks "$checks" --max-examples "${SCHEMATHESIS_EXAMPLES:-100}" \
+    --seed "${SCHEMATHESIS_SEED:-20261129}" --report junit --report-dir "$root/target/schemathesis-$backend")
+done
+
+step "generated client flow"
+ci/client-flow.sh "http://127.0.0.1:$sqlite_port"
+
+step "docs page in headless Chromium"
+SCREENSHOT="$root/target/docs.png" ci/docs-screenshot.sh "http://127.0.0.1:$sqlite_port"
+
+step "contract checks passed"
