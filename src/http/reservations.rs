@@ -69,7 +69,7 @@ fn reservation_id(path: &str) -> Result<ReservationId, ApiError> {
         (status = 201, description = "Held", body = Reservation,
          headers(("Location" = String, description = "The reservation's URL"))),
         (status = 200, description = "Replay of an earlier 201 with the same key", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "true"), ("Location" = String, description = "The reservation's URL"))),
+         headers(("Idempotent-Replayed" = String, description = "`true`: the stored answer to an earlier request with this key"), ("Location" = String, description = "The reservation's URL"))),
     )
 )]
 #[post("/v1/assets/{asset_id}/reservations")]
@@ -144,7 +144,8 @@ pub async fn get_reservation(
     ),
     request_body = CommitReservationRequest,
     responses(
-        (status = 200, description = "COMMITTED (or already committed with this payment, or a replay)", body = Reservation),
+        (status = 200, description = "COMMITTED (or already committed with this payment, or a replay)", body = Reservation,
+         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with this key"))),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/commit")]
@@ -193,7 +194,8 @@ pub async fn commit_reservation(
     ),
     request_body(content = Option<ReleaseReservationRequest>, description = "No body, or {}"),
     responses(
-        (status = 200, description = "RELEASED (or released before, or a replay)", body = Reservation),
+        (status = 200, description = "RELEASED (or released before, or a replay)", body = Reservation,
+         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with this key"))),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/release")]
