@@ -39,7 +39,8 @@ if (rawBase === "") {
 try {
   console.log(await checkDocs(rawBase));
 } catch (err) {
-  console.error(`docs check FAILED against ${rawBase}: ${err instanceof CheckFailed ? err.message : (err?.stack ?? String(err))}`);
+  const cause = err instanceof CheckFailed || err?.cause === undefined ? "" : `\n(cause: ${String(err.cause)})`;
+  console.error(`docs check FAILED against ${rawBase}: ${err instanceof CheckFailed ? err.message : (err?.stack ?? String(err))}${cause}`);
   process.exitCode = 1;
 }
 
@@ -134,21 +135,39 @@ async function checkDocs(base) {
       }
     }
 
+    await mkdir(path.dirname(screenshotPath), { recursive: true });
+    await page.screenshot({ path: screenshotPath, fullPage: true });
+
+    // What a reader meets on opening an operation: Swagger UI resolves each
+    // operation's $refs only then, and lists what it cannot resolve in its
+    // "Errors" box. Open every operation, then read that box.
+    const toggles = page.locator("#swagger-ui .opblock .opblock-summary-control");
+    const toggleCount = await toggles.count();
+    for (let i = 0; i < toggleCount; i += 1) await toggles.nth(i).click();
+    await page
+      .waitForFunction((n) => document.querySelectorAll("#swagger-ui .opblock .opblock-body").length >= n, toggleCount, { timeout: RENDER_TIMEOUT_MS })
+      .catch(() => {
+        throw new CheckFailed(`opening the ${toggleCount} operations did not show their details within ${RENDER_TIMEOUT_MS / 1000}s`);
+      });
+    await page.waitForLoadState("networkidle");
+    await page.waitForTimeout(1_000); // subtree resolution is debounced
     const errorsBox = await page.$$eval("#swagger-ui .errors-wrapper .error-wrapper", (items) =>
       items.map((item) => item.textContent.replace(/\s+/g, " ").trim()),
     );
-
-    await mkdir(path.dirname(screenshotPath), { recursive: true });
-    await page.screenshot({ path: screenshotPath, fullPage: true });
 
     const problems = [];
     if (missing.length > 0) problems.push(`${missing.length} of ${expected.length} operations not shown on the page:\n  ${missing.join("\n  ")}`);
     if (foreign.size > 0) problems.push(`the page requested hosts other than ${origin} (it must work offline):\n  ${[...foreign].join("\n  ")}`);
     if (pageErrors.length > 0) problems.push(`the page threw:\n  ${pageErrors.join("\n  ")}`);
-    if (errorsBox.length > 0) problems.push(`Swagger UI shows errors:\n  ${errorsBox.join("\n  ")}`);
+    if (errorsBox.length > 0) {
+      const distinct = [...new Set(errorsBox)];
+      const listed = distinct.slice(0, 10);
+      const more = distinct.length > listed.length ? `\n  ... and ${distinct.length - listed.length} more distinct` : "";
+      problems.push(`Swagger UI shows ${errorsBox.length} errors once the operations are opened (${distinct.length} distinct):\n  ${listed.join("\n  ")}${more}`);
+    }
     if (problems.length > 0) throw new CheckFailed(`${problems.join("\n")}\n(screenshot: ${screenshotPath})`);
 
-    return `docs OK against ${base}: all ${expected.length} operations shown (${shown.length} blocks), ${requests} requests all to ${origin}, screenshot ${screenshotPath}`;
+    return `docs OK against ${base}: all ${expected.length} operations shown (${shown.length} blocks) and open without errors, ${requests} requests all to ${origin}, screenshot ${screenshotPath}`;
   } finally {
     await browser.close();
   }

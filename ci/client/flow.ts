@@ -25,8 +25,13 @@ if (baseUrl === "") {
   try {
     console.log(await runFlow(baseUrl));
   } catch (err) {
-    console.error(`client flow FAILED against ${baseUrl}: ${err instanceof FlowError ? err.message : String(err)}`);
-    if (!(err instanceof FlowError) && err instanceof Error && err.stack) console.error(err.stack);
+    if (err instanceof FlowError) {
+      console.error(`client flow FAILED against ${baseUrl}: ${err.message}`);
+    } else {
+      const cause = err instanceof Error && err.cause !== undefined ? ` (cause: ${String(err.cause)})` : "";
+      console.error(`client flow FAILED against ${baseUrl}: ${String(err)}${cause}`);
+      if (err instanceof Error && err.stack) console.error(err.stack);
+    }
     process.exitCode = 1;
   }
 }
