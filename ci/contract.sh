@@ -23,7 +23,7 @@ venv=target/ci-venv
 [[ -x $venv/bin/schemathesis ]] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check -r ci/requirements.txt
 cargo build -q --bin holdfast
-bin=target/debug/holdfast
+bin=${CARGO_TARGET_DIR:-target}/debug/holdfast
 
 step "lint openapi/holdfast.json"
 "$venv/bin/openapi-spec-validator" openapi/holdfast.json
