@@ -48,9 +48,9 @@ psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $pg_db" >/dev/null
 serve postgres "$pg_port" "postgres://postgres@127.0.0.1:5432/$pg_db"
 
 checks=not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,negative_data_rejection,missing_required_header,unsupported_method
-for backend in sqlite postgres; do
-  port=${backend}_port
-  port=${!port}
+for target in "sqlite:$sqlite_port" "postgres:$pg_port"; do
+  backend=${target%%:*}
+  port=${target##*:}
   step "schemathesis on $backend"
   (cd "$work" && "$root/$venv/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
     --url "http://127.0.0.1:$port" --checks "$checks" --max-examples "${SCHEMATHESIS_EXAMPLES:-100}" \

@@ -84,6 +84,69 @@ pub struct Config {
     )]
     pub idempotency_retention_hours: u64,
 
+    /// Delivered events older than this many days are purged by the janitor;
+    /// unset keeps every event (they are the audit trail).
+    #[arg(long, env = "HOLDFAST_EVENT_RETENTION_DAYS", global = true)]
+    pub event_retention_days: Option<u64>,
+
+    /// URL that receives every event as a signed POST; unset turns delivery off.
+    #[arg(long, env = "HOLDFAST_WEBHOOK_URL", global = true)]
+    pub webhook_url: Option<String>,
+
+    /// Key of the webhook signature (HMAC-SHA256); required with HOLDFAST_WEBHOOK_URL.
+    #[arg(
+        long,
+        env = "HOLDFAST_WEBHOOK_SECRET",
+        hide_env_values = true,
+        global = true
+    )]
+    pub webhook_secret: Option<Secret>,
+
+    /// Longest wait for the receiver's answer, in milliseconds.
+    #[arg(
+        long,
+        env = "HOLDFAST_WEBHOOK_TIMEOUT_MS",
+        default_value_t = 5000,
+        global = true
+    )]
+    pub webhook_timeout_ms: u64,
+
+    /// Delivery attempts before an event is parked as dead.
+    #[arg(
+        long,
+        env = "HOLDFAST_WEBHOOK_MAX_ATTEMPTS",
+        default_value_t = 15,
+        global = true
+    )]
+    pub webhook_max_attempts: i32,
+
+    /// First retry delay in milliseconds; doubles per attempt, with jitter.
+    #[arg(
+        long,
+        env = "HOLDFAST_WEBHOOK_RETRY_BASE_MS",
+        default_value_t = 2000,
+        global = true
+    )]
+    pub webhook_retry_base_ms: u64,
+
+    /// Longest delay between two attempts, in seconds.
+    #[arg(
+        long,
+        env = "HOLDFAST_WEBHOOK_RETRY_MAX_SECONDS",
+        default_value_t = 3600,
+        global = true
+    )]
+    pub webhook_retry_max_seconds: u64,
+
+    /// How often the dispatcher looks for due events, in milliseconds.
+    #[arg(
+        long,
+        env = "HOLDFAST_DISPATCH_INTERVAL_MS",
+        default_value_t = 500,
+        global = true
+    )]
+    pub dispatch_interval_ms: u64,
+
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "HOLDFAST_MAX_BODY_BYTES", default_value_t = 16 * 1024, global = true)]
     pub max_body_bytes: usize,
@@ -133,6 +196,34 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// A secret setting: kept out of `Debug` output and logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -173,6 +264,14 @@ impl Config {
             janitor_interval_seconds: 30,
             janitor_batch: 500,
             idempotency_retention_hours: 24,
+            event_retention_days: None,
+            webhook_url: None,
+            webhook_secret: None,
+            webhook_timeout_ms: 5000,
+            webhook_max_attempts: 15,
+            webhook_retry_base_ms: 2000,
+            webhook_retry_max_seconds: 3600,
+            dispatch_interval_ms: 500,
             max_body_bytes: 16 * 1024,
             db_pool_size: 16,
             db_acquire_timeout_ms: 2000,
@@ -220,6 +319,49 @@ impl Config {
             return Err(invalid(
                 "HOLDFAST_IDEMPOTENCY_RETENTION_HOURS",
                 "must be at least 1",
+            ));
+        }
+        if let Some(url) = &self.webhook_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(invalid(
+                    "HOLDFAST_WEBHOOK_URL",
+                    "must be an http:// or https:// URL",
+                ));
+            }
+            if self
+                .webhook_secret
+                .as_ref()
+                .is_none_or(|s| s.expose().len() < 16)
+            {
+                return Err(invalid(
+                    "HOLDFAST_WEBHOOK_SECRET",
+                    "must be set, at least 16 characters, when HOLDFAST_WEBHOOK_URL is",
+                ));
+            }
+        }
+        if self.webhook_max_attempts < 1 {
+            return Err(invalid(
+                "HOLDFAST_WEBHOOK_MAX_ATTEMPTS",
+                "must be at least 1",
+            ));
+        }
+        for (setting, value) in [
+            ("HOLDFAST_WEBHOOK_TIMEOUT_MS", self.webhook_timeout_ms),
+            ("HOLDFAST_WEBHOOK_RETRY_BASE_MS", self.webhook_retry_base_ms),
+            (
+                "HOLDFAST_WEBHOOK_RETRY_MAX_SECONDS",
+                self.webhook_retry_max_seconds,
+            ),
+            ("HOLDFAST_DISPATCH_INTERVAL_MS", self.dispatch_interval_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(setting, "must be at least 1"));
+            }
+        }
+        if self.event_retention_days == Some(0) {
+            return Err(invalid(
+                "HOLDFAST_EVENT_RETENTION_DAYS",
+                "must be at least 1 (or unset to keep events)",
             ));
         }
         if self.max_body_bytes < 64 {
@@ -283,6 +425,9 @@ impl Config {
             statement_timeout: Duration::from_millis(self.db_statement_timeout_ms),
             lock_timeout: Duration::from_millis(self.db_lock_timeout_ms),
             idempotency_retention: Duration::from_secs(self.idempotency_retention_hours * 3600),
+            event_retention: self
+                .event_retention_days
+                .map(|d| Duration::from_secs(d * 86_400)),
             sweep_batch: self.janitor_batch,
         }
     }

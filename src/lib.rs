@@ -7,9 +7,11 @@ pub mod config;
 pub mod domain;
 pub mod http;
 pub mod janitor;
+pub mod outbox;
 pub mod reply;
 pub mod store;
 pub mod telemetry;
+pub mod worker;
 
 use std::net::TcpListener;
 
@@ -27,6 +29,8 @@ pub enum StartError {
     Config(#[from] config::ConfigError),
     #[error(transparent)]
     Store(#[from] store::StoreError),
+    #[error("{0}")]
+    Webhook(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: std::net::SocketAddr,
@@ -40,7 +44,7 @@ pub struct Application {
     server: Server,
     port: u16,
     store: Store,
-    janitor: Option<janitor::Janitor>,
+    workers: Vec<worker::Worker>,
 }
 
 impl Application {
@@ -65,10 +69,18 @@ impl Application {
             .port();
         let api = http::openapi();
         let routes = web::Data::new(RouteTable::from_openapi(&api));
-        let janitor = config
-            .janitor_interval()
-            .map(|every| janitor::Janitor::start(store.clone(), every));
-        let workers = match config.workers {
+        let mut workers = Vec::new();
+        if let Some(every) = config.janitor_interval() {
+            workers.push(janitor::start(store.clone(), every));
+        }
+        if let Some(settings) = outbox::Settings::from_config(&config) {
+            let dispatcher =
+                outbox::Dispatcher::new(store.clone(), settings).map_err(StartError::Webhook)?;
+            workers.push(dispatcher.start(std::time::Duration::from_millis(
+                config.dispatch_interval_ms,
+            )));
+        }
+        let threads = match config.workers {
             0 => std::thread::available_parallelism().map_or(2, usize::from),
             n => n,
         };
@@ -78,7 +90,7 @@ impl Application {
             config,
         });
         let server = HttpServer::new(move || http::app(state.clone(), routes.clone()))
-            .workers(workers)
+            .workers(threads)
             .listen(listener)
             .map_err(|source| StartError::Bind {
                 addr: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
@@ -89,7 +101,7 @@ impl Application {
             server,
             port,
             store,
-            janitor,
+            workers,
         })
     }
 
@@ -101,11 +113,12 @@ impl Application {
         &self.store
     }
 
-    /// Serves until the server stops (SIGINT/SIGTERM), then stops the janitor.
+    /// Serves until the server stops (SIGINT/SIGTERM), then lets the janitor
+    /// and the dispatcher finish their current pass.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
-        if let Some(janitor) = self.janitor {
-            janitor.stop().await;
+        for worker in self.workers {
+            worker.stop().await;
         }
         result
     }

@@ -30,6 +30,12 @@ enum Command {
         /// Where to write the copy; must not exist yet.
         path: std::path::PathBuf,
     },
+    /// Deliver due events to HOLDFAST_WEBHOOK_URL.
+    Dispatch {
+        /// One pass (every due event once), then exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Run the janitor: expire lapsed holds, purge old idempotency records.
     Sweep {
         /// One pass, then exit.
@@ -90,6 +96,27 @@ async fn run(cli: Cli) -> Result<(), String> {
             store.backup(&path).await.map_err(|e| e.to_string())?;
             println!("backed up {} to {}", store.describe(), path.display());
             Ok(())
+        }
+        Command::Dispatch { once } => {
+            let settings = holdfast::outbox::Settings::from_config(&config).ok_or(
+                "HOLDFAST_WEBHOOK_URL and HOLDFAST_WEBHOOK_SECRET must be set to dispatch",
+            )?;
+            let store = open(&config).await?;
+            let dispatcher = holdfast::outbox::Dispatcher::new(store, settings)?;
+            loop {
+                let report = dispatcher.run_once().await.map_err(|e| e.to_string())?;
+                println!(
+                    "delivered {}, retrying {}, dead {}",
+                    report.delivered, report.retrying, report.dead
+                );
+                if once {
+                    return Ok(());
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(
+                    config.dispatch_interval_ms,
+                ))
+                .await;
+            }
         }
         Command::Sweep { once } => {
             let store = open(&config).await?;

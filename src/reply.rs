@@ -79,6 +79,8 @@ error_codes! {
     NotFound => 404, "NOT_FOUND";
     AssetNotFound => 404, "ASSET_NOT_FOUND";
     ReservationNotFound => 404, "RESERVATION_NOT_FOUND";
+    RefundNotFound => 404, "REFUND_NOT_FOUND";
+    EventNotFound => 404, "EVENT_NOT_FOUND";
     MethodNotAllowed => 405, "METHOD_NOT_ALLOWED";
     AssetExists => 409, "ASSET_EXISTS";
     AssetUnavailable => 409, "ASSET_UNAVAILABLE";
@@ -251,6 +253,14 @@ pub fn reservation_not_found() -> Problem {
         ErrorCode::ReservationNotFound,
         "No reservation has this id.",
     )
+}
+
+pub fn refund_not_found() -> Problem {
+    Problem::new(ErrorCode::RefundNotFound, "No refund has this id.")
+}
+
+pub fn event_not_found() -> Problem {
+    Problem::new(ErrorCode::EventNotFound, "No event has this id.")
 }
 
 pub fn service_unavailable() -> Problem {

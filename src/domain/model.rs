@@ -78,6 +78,8 @@ pub enum EventType {
     ReservationExpired,
     #[serde(rename = "refund.requested")]
     RefundRequested,
+    #[serde(rename = "refund.completed")]
+    RefundCompleted,
 }
 
 text_enum!(@methods EventType {
@@ -86,6 +88,7 @@ text_enum!(@methods EventType {
     ReservationReleased => "reservation.released",
     ReservationExpired => "reservation.expired",
     RefundRequested => "refund.requested",
+    RefundCompleted => "refund.completed",
 });
 
 /// A one-of-a-kind asset as clients see it.
@@ -187,6 +190,10 @@ pub struct Refund {
     #[serde(serialize_with = "serde_ts::serialize")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    /// When the payment system reported the refund done.
+    #[serde(serialize_with = "serde_ts::option::serialize")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub completed_at: Option<Timestamp>,
 }
 
 impl Refund {
@@ -205,6 +212,7 @@ impl Refund {
             reason,
             status: RefundStatus::Requested,
             created_at: now,
+            completed_at: None,
         }
     }
 }

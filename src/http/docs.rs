@@ -77,11 +77,16 @@ fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
             (409, &[ReservationNotActive, IdempotencyKeyInUse]),
         ],
         "get_readiness" => &[],
+        "list_events" | "list_dead_events" | "list_refunds" => &[(422, &[ValidationFailed])],
+        "redeliver_event" => &[(404, &[EventNotFound])],
+        "complete_refund" => &[(404, &[RefundNotFound]), (409, &[IdempotencyKeyInUse])],
         _ => return Vec::new(),
     };
     let body: &[(u16, &[ErrorCode])] = match operation_id {
         "create_asset" => BODY,
-        "hold_asset" | "commit_reservation" | "release_reservation" => KEYED_BODY,
+        "hold_asset" | "commit_reservation" | "release_reservation" | "complete_refund" => {
+            KEYED_BODY
+        }
         _ => &[],
     };
     let mut all: Vec<(u16, &'static [ErrorCode])> =
@@ -106,6 +111,8 @@ fn example(code: ErrorCode) -> Value {
         IdempotencyKeyReused => reply::key_reused(),
         AssetNotFound => reply::asset_not_found(),
         ReservationNotFound => reply::reservation_not_found(),
+        RefundNotFound => reply::refund_not_found(),
+        EventNotFound => reply::event_not_found(),
         ServiceUnavailable => reply::service_unavailable(),
         other => Problem::new(other, describe(other)),
     };
@@ -122,6 +129,8 @@ pub fn describe(code: ErrorCode) -> &'static str {
         NotFound => "No such route.",
         AssetNotFound => "No asset has this id.",
         ReservationNotFound => "No reservation has this id.",
+        RefundNotFound => "No refund has this id.",
+        EventNotFound => "No event has this id.",
         MethodNotAllowed => "The path exists but not with this method; see Allow.",
         AssetExists => "An asset with this id already exists.",
         AssetUnavailable => "Held by another buyer (try later: see hold_expires_at) or sold (gone): see asset_status.",

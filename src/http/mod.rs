@@ -4,8 +4,10 @@
 mod assets;
 mod docs;
 pub mod error;
+mod events;
 mod extract;
 mod health;
+mod refunds;
 mod reservations;
 
 use actix_web::dev::ResourceDef;
@@ -78,6 +80,8 @@ pub struct ProblemBody {
     tags(
         (name = "assets", description = "One-of-a-kind assets and their timelines"),
         (name = "reservations", description = "Holds, commits and releases"),
+        (name = "refunds", description = "Payments to give back, and their completion"),
+        (name = "events", description = "The event feed and webhook delivery"),
         (name = "operations", description = "Health of the service"),
     ),
     components(schemas(ProblemBody, ErrorCode))
@@ -94,6 +98,11 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(reservations::get_reservation)
         .service(reservations::commit_reservation)
         .service(reservations::release_reservation)
+        .service(events::list_events)
+        .service(events::list_dead_events)
+        .service(events::redeliver_event)
+        .service(refunds::list_refunds)
+        .service(refunds::complete_refund)
         .service(health::healthz)
         .service(health::readyz)
         .service(get_openapi)

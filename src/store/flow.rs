@@ -9,13 +9,14 @@ use chrono::Duration;
 
 use super::error::{is_unique_violation, violated_constraint};
 use super::{
-    CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome,
-    ReleaseRequest, StoreError, StoreResult, StoredAnswer, SweepReport,
+    CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, HoldOutcome,
+    HoldRequest, Idempotency, ReleaseOutcome, ReleaseRequest, StoreError, StoreResult,
+    StoredAnswer, SweepReport,
 };
 use crate::domain::{
     commit_decision, hold_decision, release_decision, AssetId, AssetStatus, CommitDecision,
-    EventId, HoldDecision, PaymentReference, RefundReason, ReleaseDecision, Reservation,
-    ReservationId, ReservationStatus, Timestamp,
+    EventId, HoldDecision, PaymentReference, Refund, RefundId, RefundReason, RefundStatus,
+    ReleaseDecision, Reservation, ReservationId, ReservationStatus, Timestamp,
 };
 use crate::reply::{self, Reply};
 
@@ -97,6 +98,23 @@ pub(crate) trait Backend {
         idempotency: &Idempotency,
         now: Timestamp,
     ) -> impl Future<Output = StoreResult<RefundWrite>> + Send;
+
+    /// The refund and the answer stored under the request's key.
+    fn refund_snapshot(
+        &self,
+        id: &RefundId,
+        idempotency: &Idempotency,
+    ) -> impl Future<Output = StoreResult<Snapshot<Refund>>> + Send;
+
+    /// Marks a REQUESTED refund COMPLETED. `None` when it no longer was REQUESTED.
+    fn complete_refund(
+        &self,
+        refund: &Refund,
+        idempotency: &Idempotency,
+    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
+
+    /// Deletes up to `limit` delivered events past retention; how many.
+    fn purge_events_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 
     /// Expires up to `limit` lapsed holds in one transaction; how many.
     fn expire_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
@@ -328,5 +346,43 @@ pub(crate) async fn sweep<B: Backend>(backend: &B, batch: i64) -> StoreResult<Sw
             break;
         }
     }
+    loop {
+        let purged = backend.purge_events_batch(batch).await?;
+        report.purged_events += purged;
+        if purged < batch as u64 {
+            break;
+        }
+    }
     Ok(report)
+}
+
+/// The payment system reports a refund done: REQUESTED becomes COMPLETED once.
+pub(crate) async fn complete_refund<B: Backend>(
+    backend: &B,
+    req: &CompleteRefundRequest,
+) -> StoreResult<CompleteRefundOutcome> {
+    for _ in 0..MAX_ATTEMPTS {
+        let snap = backend
+            .refund_snapshot(&req.refund_id, &req.idempotency)
+            .await?;
+        if let Some(stored) = snap.stored {
+            return Ok(match replay_or_reused(stored, &req.idempotency) {
+                Ok(reply) => CompleteRefundOutcome::Replayed(reply),
+                Err(()) => CompleteRefundOutcome::KeyReused,
+            });
+        }
+        let Some(refund) = snap.row else {
+            return Ok(CompleteRefundOutcome::NotFound);
+        };
+        if refund.status == RefundStatus::Completed {
+            return Ok(CompleteRefundOutcome::AlreadyCompleted(refund));
+        }
+        match backend.complete_refund(&refund, &req.idempotency).await {
+            Ok(Some(reply)) => return Ok(CompleteRefundOutcome::Completed(reply)),
+            Ok(None) => continue,
+            Err(e) if is_unique_violation(&e) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(contention("complete the refund"))
 }

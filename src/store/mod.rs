@@ -14,8 +14,8 @@ pub use error::StoreError;
 
 use crate::config::{Config, DatabaseUrl};
 use crate::domain::{
-    Asset, AssetId, AssetStatus, BuyerId, Event, IdempotencyKey, PaymentReference, Reservation,
-    ReservationId, Timestamp,
+    Asset, AssetId, AssetStatus, BuyerId, Event, EventId, IdempotencyKey, PaymentReference, Refund,
+    RefundId, RefundStatus, Reservation, ReservationId, Timestamp,
 };
 use crate::reply::Reply;
 
@@ -105,6 +105,56 @@ pub enum ReleaseOutcome {
     NotFound,
 }
 
+#[derive(Debug, Clone)]
+pub struct CompleteRefundRequest {
+    pub refund_id: RefundId,
+    pub idempotency: Idempotency,
+}
+
+#[derive(Debug)]
+pub enum CompleteRefundOutcome {
+    Completed(Reply),
+    /// Completed before: 200, nothing changed.
+    AlreadyCompleted(Refund),
+    Replayed(Reply),
+    KeyReused,
+    NotFound,
+}
+
+/// Filter and position of one page of refunds, in id (creation) order.
+#[derive(Debug, Clone)]
+pub struct RefundPage {
+    pub status: Option<RefundStatus>,
+    pub after: Option<String>,
+    pub limit: i64,
+}
+
+/// A place in the global event feed. On PostgreSQL, the writing
+/// transaction's id and the insertion position; on SQLite, the row id.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FeedCursor {
+    pub tx: i64,
+    pub position: i64,
+}
+
+/// An event claimed for delivery: the attempt it is on.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub event: Event,
+    pub attempt: i32,
+}
+
+/// What became of one delivery attempt.
+#[derive(Debug, Clone)]
+pub enum DeliveryResult {
+    Delivered,
+    /// Try again after `retry_in`, or park the event as dead when `None`.
+    Failed {
+        error: String,
+        retry_in: Option<Duration>,
+    },
+}
+
 /// Filter and position of one page of assets.
 #[derive(Debug, Clone)]
 pub struct AssetPage {
@@ -119,6 +169,7 @@ pub struct AssetPage {
 pub struct SweepReport {
     pub expired: u64,
     pub purged_keys: u64,
+    pub purged_events: u64,
 }
 
 /// Settings the store needs from the configuration.
@@ -129,6 +180,8 @@ pub struct StoreSettings {
     pub statement_timeout: Duration,
     pub lock_timeout: Duration,
     pub idempotency_retention: Duration,
+    /// Delivered events older than this are purged; `None` keeps them all.
+    pub event_retention: Option<Duration>,
     pub sweep_batch: i64,
 }
 
@@ -206,6 +259,53 @@ impl Store {
 
     pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<ReleaseOutcome> {
         dispatch!(self, s => s.release(req).await)
+    }
+
+    pub async fn complete_refund(
+        &self,
+        req: &CompleteRefundRequest,
+    ) -> StoreResult<CompleteRefundOutcome> {
+        dispatch!(self, s => flow::complete_refund(s, req).await)
+    }
+
+    pub async fn list_refunds(&self, page: &RefundPage) -> StoreResult<Vec<Refund>> {
+        dispatch!(self, s => s.list_refunds(page).await)
+    }
+
+    /// Events after `after` whose order is final, oldest first.
+    pub async fn event_feed(
+        &self,
+        after: FeedCursor,
+        limit: i64,
+    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
+        dispatch!(self, s => s.event_feed(after, limit, false).await)
+    }
+
+    /// Events parked after too many failed deliveries, oldest first.
+    pub async fn dead_events(
+        &self,
+        after: FeedCursor,
+        limit: i64,
+    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
+        dispatch!(self, s => s.event_feed(after, limit, true).await)
+    }
+
+    /// Schedules an event for delivery again; `None` when it does not exist.
+    pub async fn redeliver(&self, id: &EventId) -> StoreResult<Option<Event>> {
+        dispatch!(self, s => s.redeliver(id).await)
+    }
+
+    /// Claims up to `limit` due events; each stays claimed for `lease`.
+    pub async fn claim_deliveries(
+        &self,
+        limit: i64,
+        lease: Duration,
+    ) -> StoreResult<Vec<Delivery>> {
+        dispatch!(self, s => s.claim_deliveries(limit, lease).await)
+    }
+
+    pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
+        dispatch!(self, s => s.finish_delivery(id, result).await)
     }
 
     /// Expires lapsed holds and purges idempotency records past retention.

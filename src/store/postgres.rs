@@ -1,9 +1,11 @@
 //! PostgreSQL: diesel-async over a bounded deadpool pool, no libpq. Time is
 //! `now()` of the database, read once at the start of each request.
 
+use std::time::Duration;
+
 use diesel::prelude::*;
 use diesel::sql_query;
-use diesel::sql_types::{BigInt, Integer, Nullable, Text, Timestamptz};
+use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text, Timestamptz};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{
@@ -16,17 +18,19 @@ use futures_util::FutureExt;
 use super::error::{Abort, Context};
 use super::flow::{self, Backend, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
-    parse_reservation_id, parse_status, Claimed, EventRow, HoldSnapshotRow, NewEvent, NowAssetRow,
-    RefundRow, ReservationRow, ReservationSnapshotRow, TransitionRow,
+    parse_reservation_id, parse_status, Claimed, ClaimedRow, EventRow, FeedRow, HoldSnapshotRow,
+    KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow,
+    TransitionRow, EVENT_COLUMNS,
 };
 use super::schema::{assets, events, refunds, reservations};
 use super::{
-    AssetPage, CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome,
-    ReleaseRequest, StoreError, StoreResult, StoreSettings, SweepReport,
+    AssetPage, CommitOutcome, CommitRequest, Delivery, DeliveryResult, FeedCursor, HoldOutcome,
+    HoldRequest, Idempotency, RefundPage, ReleaseOutcome, ReleaseRequest, StoreError, StoreResult,
+    StoreSettings, SweepReport,
 };
 use crate::domain::{
-    Asset, AssetId, AssetStatus, Event, EventType, PaymentReference, Refund, RefundReason,
-    Reservation, ReservationId, Timestamp,
+    Asset, AssetId, AssetStatus, Event, EventId, EventType, PaymentReference, Refund, RefundId,
+    RefundReason, Reservation, ReservationId, Timestamp,
 };
 use crate::reply::{self, Reply};
 
@@ -236,7 +240,237 @@ impl PgStore {
     }
 }
 
+/// Delivery of events, the event feed and refunds.
+impl PgStore {
+    pub async fn list_refunds(&self, page: &RefundPage) -> StoreResult<Vec<Refund>> {
+        let mut conn = self.conn().await?;
+        let mut query = refunds::table
+            .select(RefundRow::as_select())
+            .order(refunds::id.asc())
+            .limit(page.limit)
+            .into_boxed();
+        if let Some(status) = page.status {
+            query = query.filter(refunds::status.eq(status.as_str()));
+        }
+        if let Some(after) = &page.after {
+            query = query.filter(refunds::id.gt(after.clone()));
+        }
+        let rows = query
+            .load::<RefundRow>(&mut conn)
+            .await
+            .context("list refunds")?;
+        rows.into_iter().map(RefundRow::into_refund).collect()
+    }
+
+    /// Only events whose transaction id is below the oldest running
+    /// transaction are returned: none can commit later in front of them.
+    pub async fn event_feed(
+        &self,
+        after: FeedCursor,
+        limit: i64,
+        dead: bool,
+    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
+        let mut conn = self.conn().await?;
+        let sql = if dead {
+            format!(
+                "SELECT txid::text::bigint AS tx, position, {EVENT_COLUMNS} FROM events \
+             WHERE dead_at IS NOT NULL AND (txid, position) > ($1::text::xid8, $2) \
+             ORDER BY txid, position LIMIT $3"
+            )
+        } else {
+            format!("SELECT txid::text::bigint AS tx, position, {EVENT_COLUMNS} FROM events \
+             WHERE (txid, position) > ($1::text::xid8, $2) AND txid < pg_snapshot_xmin(pg_current_snapshot()) \
+             ORDER BY txid, position LIMIT $3")
+        };
+        let rows = sql_query(sql)
+            .bind::<Text, _>(after.tx.to_string())
+            .bind::<BigInt, _>(after.position)
+            .bind::<BigInt, _>(limit)
+            .load::<FeedRow>(&mut conn)
+            .await
+            .context("read the event feed")?;
+        rows.into_iter()
+            .map(|r| {
+                let cursor = FeedCursor {
+                    tx: r.tx,
+                    position: r.position,
+                };
+                r.event.into_event().map(|e| (cursor, e))
+            })
+            .collect()
+    }
+
+    pub async fn redeliver(&self, id: &EventId) -> StoreResult<Option<Event>> {
+        let mut conn = self.conn().await?;
+        let row = sql_query(format!(
+            "UPDATE events SET delivered_at = NULL, dead_at = NULL, attempts = 0, next_attempt_at = NULL, \
+                    last_error = NULL WHERE id = $1 RETURNING {EVENT_COLUMNS}"
+        ))
+        .bind::<Text, _>(id.to_string())
+        .get_result::<EventRow>(&mut conn)
+        .await
+        .optional()
+        .context("schedule an event again")?;
+        row.map(EventRow::into_event).transpose()
+    }
+
+    /// Claims due events with SKIP LOCKED and leases them, in one short
+    /// statement; delivery happens after it committed.
+    pub async fn claim_deliveries(
+        &self,
+        limit: i64,
+        lease: Duration,
+    ) -> StoreResult<Vec<Delivery>> {
+        let mut conn = self.conn().await?;
+        let rows = sql_query(format!(
+            "UPDATE events SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2) \
+             WHERE id IN (SELECT id FROM events \
+                          WHERE delivered_at IS NULL AND dead_at IS NULL \
+                            AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
+                          ORDER BY position LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             RETURNING {EVENT_COLUMNS}, attempts"
+        ))
+        .bind::<BigInt, _>(limit)
+        .bind::<Double, _>(lease.as_secs_f64())
+        .load::<ClaimedRow>(&mut conn)
+        .await
+        .context("claim events to deliver")?;
+        rows.into_iter()
+            .map(|r| {
+                r.event.into_event().map(|event| Delivery {
+                    event,
+                    attempt: r.attempts,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
+        let mut conn = self.conn().await?;
+        let (error, delay) = match result {
+            DeliveryResult::Delivered => (None, None),
+            DeliveryResult::Failed { error, retry_in } => (
+                Some(error.as_str()),
+                Some(retry_in.map(|d| d.as_secs_f64())),
+            ),
+        };
+        // Delivered: done. Failed with a delay: due again then. Failed without: dead.
+        sql_query(
+            "UPDATE events SET \
+               delivered_at = CASE WHEN $2::text IS NULL THEN now() END, \
+               dead_at = CASE WHEN $2::text IS NOT NULL AND $3::float8 IS NULL THEN now() END, \
+               next_attempt_at = CASE WHEN $3::float8 IS NOT NULL THEN now() + make_interval(secs => $3) END, \
+               last_error = $2 \
+             WHERE id = $1",
+        )
+        .bind::<Text, _>(id)
+        .bind::<Nullable<Text>, _>(error)
+        .bind::<Nullable<Double>, _>(delay.flatten())
+        .execute(&mut conn)
+        .await
+        .context("record a delivery")?;
+        Ok(())
+    }
+}
 impl Backend for PgStore {
+    async fn refund_snapshot(
+        &self,
+        id: &RefundId,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Snapshot<Refund>> {
+        let mut conn = self.conn().await?;
+        let key = sql_query(
+            "SELECT now() AS now, i.fingerprint, i.status_code, i.body, i.location \
+             FROM (SELECT 1) AS one LEFT JOIN idempotency_keys i ON i.scope = $1 AND i.key = $2",
+        )
+        .bind::<Text, _>(&idempotency.scope)
+        .bind::<Text, _>(idempotency.key.as_str())
+        .get_result::<KeySnapshotRow>(&mut conn)
+        .await
+        .context("read the idempotency key")?;
+        let refund = refunds::table
+            .find(id.to_string())
+            .select(RefundRow::as_select())
+            .first::<RefundRow>(&mut conn)
+            .await
+            .optional()
+            .context("read a refund")?;
+        Ok(Snapshot {
+            now: key.now,
+            row: refund.map(RefundRow::into_refund).transpose()?,
+            stored: key.stored.into_answer(),
+        })
+    }
+
+    async fn complete_refund(
+        &self,
+        refund: &Refund,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Option<Reply>> {
+        let mut conn = self.conn().await?;
+        let result = conn
+            .transaction(async |c| {
+                let row = sql_query(
+                    "UPDATE refunds SET status = 'COMPLETED', completed_at = now() \
+                     WHERE id = $1 AND status = 'REQUESTED' RETURNING *",
+                )
+                .bind::<Text, _>(&refund.refund_id)
+                .get_result::<RefundRow>(c)
+                .await
+                .optional()
+                .context("complete a refund")?;
+                let Some(row) = row else {
+                    return Err(Abort::Retry);
+                };
+                let completed = row.into_refund()?;
+                let now = completed.completed_at.unwrap_or(completed.created_at);
+                let sequence = next_sequence(c, &completed.asset_id).await?;
+                let reply = Reply::json(200, &completed);
+                let event = NewEvent::new(
+                    &completed.asset_id,
+                    sequence,
+                    EventType::RefundCompleted,
+                    reply.body.clone(),
+                    now,
+                );
+                record(
+                    c,
+                    &event,
+                    idempotency,
+                    &reply,
+                    &completed.reservation_id,
+                    now,
+                )
+                .await?;
+                Ok(reply)
+            })
+            .await;
+        match result {
+            Ok(reply) => Ok(Some(reply)),
+            Err(Abort::Retry) => Ok(None),
+            Err(Abort::Failed(e)) => Err(e),
+        }
+    }
+
+    async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
+        let Some(retention) = self.settings.event_retention else {
+            return Ok(0);
+        };
+        let mut conn = self.conn().await?;
+        let purged = sql_query(
+            "DELETE FROM events WHERE id IN ( \
+               SELECT id FROM events WHERE delivered_at IS NOT NULL \
+                 AND created_at < now() - make_interval(secs => $1) \
+               ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind::<Double, _>(retention.as_secs_f64())
+        .bind::<BigInt, _>(limit)
+        .execute(&mut conn)
+        .await
+        .context("purge delivered events")?;
+        Ok(purged as u64)
+    }
+
     /// Rows are taken with SKIP LOCKED in id order, so instances share the work.
     async fn expire_batch(&self, limit: i64) -> StoreResult<u64> {
         let mut conn = self.conn().await?;
@@ -249,13 +483,12 @@ impl Backend for PgStore {
 
     async fn purge_batch(&self, limit: i64) -> StoreResult<u64> {
         let mut conn = self.conn().await?;
-        let retention = self.settings.idempotency_retention.as_secs();
         let purged = sql_query(
             "DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
                SELECT scope, key FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1) \
                ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
         )
-        .bind::<diesel::sql_types::Double, _>(retention as f64)
+        .bind::<Double, _>(self.settings.idempotency_retention.as_secs_f64())
         .bind::<BigInt, _>(limit)
         .execute(&mut conn)
         .await

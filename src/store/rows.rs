@@ -208,7 +208,7 @@ pub(crate) struct Claimed {
     pub(crate) claimed: i64,
 }
 
-#[derive(Selectable, Queryable)]
+#[derive(Selectable, Queryable, QueryableByName)]
 #[diesel(table_name = refunds, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
 pub(crate) struct RefundRow {
     pub(crate) id: String,
@@ -218,6 +218,7 @@ pub(crate) struct RefundRow {
     pub(crate) reason: String,
     pub(crate) status: String,
     pub(crate) created_at: Timestamp,
+    pub(crate) completed_at: Option<Timestamp>,
 }
 
 impl RefundRow {
@@ -230,11 +231,12 @@ impl RefundRow {
             reason: parse_status(RefundReason::parse, &self.reason)?,
             status: parse_status(RefundStatus::parse, &self.status)?,
             created_at: self.created_at,
+            completed_at: self.completed_at,
         })
     }
 }
 
-#[derive(Selectable, Queryable)]
+#[derive(Selectable, Queryable, QueryableByName)]
 #[diesel(table_name = events, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
 pub(crate) struct EventRow {
     pub(crate) id: String,
@@ -286,4 +288,37 @@ impl NewEvent {
             created_at,
         }
     }
+}
+
+/// The columns of an [`EventRow`] in raw SQL (`type` is a keyword in Rust).
+pub(crate) const EVENT_COLUMNS: &str =
+    "id, asset_id, sequence, type AS event_type, data, created_at";
+
+/// An event claimed for delivery, with the attempt it is on.
+#[derive(QueryableByName)]
+pub(crate) struct ClaimedRow {
+    #[diesel(embed)]
+    pub(crate) event: EventRow,
+    #[diesel(sql_type = Integer)]
+    pub(crate) attempts: i32,
+}
+
+/// An event with its place in the global feed.
+#[derive(QueryableByName)]
+pub(crate) struct FeedRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) tx: i64,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) position: i64,
+    #[diesel(embed)]
+    pub(crate) event: EventRow,
+}
+
+/// The clock and the answer stored under a key.
+#[derive(QueryableByName)]
+pub(crate) struct KeySnapshotRow {
+    #[diesel(sql_type = Instant)]
+    pub(crate) now: Timestamp,
+    #[diesel(embed)]
+    pub(crate) stored: MaybeStoredRow,
 }

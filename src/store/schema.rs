@@ -92,6 +92,7 @@ diesel::table! {
         reason -> Text,
         status -> Text,
         created_at -> Instant,
+        completed_at -> Nullable<Instant>,
     }
 }
 
@@ -107,6 +108,11 @@ diesel::table! {
         event_type -> Text,
         data -> Text,
         created_at -> Instant,
+        attempts -> Int4,
+        next_attempt_at -> Nullable<Instant>,
+        delivered_at -> Nullable<Instant>,
+        dead_at -> Nullable<Instant>,
+        last_error -> Nullable<Text>,
     }
 }
 

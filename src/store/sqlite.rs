@@ -18,17 +18,19 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use super::error::{Abort, Context};
 use super::flow::{self, Backend, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
-    parse_reservation_id, parse_status, EventRow, HoldSnapshotRow, NewEvent, NowAssetRow,
-    RefundRow, ReservationRow, ReservationSnapshotRow,
+    parse_reservation_id, parse_status, ClaimedRow, EventRow, FeedRow, HoldSnapshotRow,
+    KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow,
+    EVENT_COLUMNS,
 };
 use super::schema::{assets, events, refunds, reservations, Instant};
 use super::{
-    AssetPage, CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome,
-    ReleaseRequest, StoreError, StoreResult, StoreSettings, SweepReport,
+    AssetPage, CommitOutcome, CommitRequest, Delivery, DeliveryResult, FeedCursor, HoldOutcome,
+    HoldRequest, Idempotency, RefundPage, ReleaseOutcome, ReleaseRequest, StoreError, StoreResult,
+    StoreSettings, SweepReport,
 };
 use crate::domain::{
-    Asset, AssetId, AssetStatus, Event, EventType, PaymentReference, Refund, RefundReason,
-    Reservation, ReservationId, Timestamp,
+    Asset, AssetId, AssetStatus, Event, EventId, EventType, PaymentReference, Refund, RefundId,
+    RefundReason, Reservation, ReservationId, Timestamp,
 };
 use crate::reply::{self, Reply};
 
@@ -299,7 +301,246 @@ where
     .map_err(|e| StoreError::unavailable(context, format!("the database task ended: {e}")))?
 }
 
+/// Delivery of events, the event feed and refunds. Writes are serialised,
+/// so row id order is commit order.
+impl SqliteStore {
+    pub async fn list_refunds(&self, page: &RefundPage) -> StoreResult<Vec<Refund>> {
+        let page = page.clone();
+        self.read("list refunds", move |c| {
+            let mut query = refunds::table
+                .select(RefundRow::as_select())
+                .order(refunds::id.asc())
+                .limit(page.limit)
+                .into_boxed();
+            if let Some(status) = page.status {
+                query = query.filter(refunds::status.eq(status.as_str()));
+            }
+            if let Some(after) = page.after {
+                query = query.filter(refunds::id.gt(after));
+            }
+            let rows = query.load::<RefundRow>(c).context("list refunds")?;
+            rows.into_iter().map(RefundRow::into_refund).collect()
+        })
+        .await
+    }
+
+    pub async fn event_feed(
+        &self,
+        after: FeedCursor,
+        limit: i64,
+        dead: bool,
+    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
+        self.read("read the event feed", move |c| {
+            let sql = if dead {
+                format!("SELECT 0 AS tx, rowid AS position, {EVENT_COLUMNS} FROM events WHERE dead_at IS NOT NULL AND rowid > ? \
+                 ORDER BY rowid LIMIT ?")
+            } else {
+                format!("SELECT 0 AS tx, rowid AS position, {EVENT_COLUMNS} FROM events WHERE rowid > ? ORDER BY rowid LIMIT ?")
+            };
+            let rows = sql_query(sql)
+                .bind::<BigInt, _>(after.position)
+                .bind::<BigInt, _>(limit)
+                .load::<FeedRow>(c)
+                .context("read the event feed")?;
+            rows.into_iter()
+                .map(|r| {
+                    let cursor = FeedCursor { tx: r.tx, position: r.position };
+                    r.event.into_event().map(|e| (cursor, e))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    pub async fn redeliver(&self, id: &EventId) -> StoreResult<Option<Event>> {
+        let id = id.to_string();
+        let row = self
+            .write("schedule an event again", move |c| {
+                Ok(sql_query(format!(
+                    "UPDATE events SET delivered_at = NULL, dead_at = NULL, attempts = 0, next_attempt_at = NULL, \
+                            last_error = NULL WHERE id = ? RETURNING {EVENT_COLUMNS}"
+                ))
+                .bind::<Text, _>(id)
+                .get_result::<EventRow>(c)
+                .optional()
+                .context("schedule an event again")?)
+            })
+            .await?
+            .map_err(abort_to_error)?;
+        row.map(EventRow::into_event).transpose()
+    }
+
+    pub async fn claim_deliveries(
+        &self,
+        limit: i64,
+        lease: Duration,
+    ) -> StoreResult<Vec<Delivery>> {
+        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(60));
+        let rows = self
+            .write("claim events to deliver", move |c| {
+                let now = clock();
+                Ok(sql_query(format!(
+                    "UPDATE events SET attempts = attempts + 1, next_attempt_at = ?1 \
+                     WHERE id IN (SELECT id FROM events \
+                                  WHERE delivered_at IS NULL AND dead_at IS NULL \
+                                    AND (next_attempt_at IS NULL OR next_attempt_at <= ?2) \
+                                  ORDER BY rowid LIMIT ?3) \
+                     RETURNING {EVENT_COLUMNS}, attempts"
+                ))
+                .bind::<Instant, _>(now + lease)
+                .bind::<Instant, _>(now)
+                .bind::<BigInt, _>(limit)
+                .load::<ClaimedRow>(c)
+                .context("claim events to deliver")?)
+            })
+            .await?
+            .map_err(abort_to_error)?;
+        rows.into_iter()
+            .map(|r| {
+                r.event.into_event().map(|event| Delivery {
+                    event,
+                    attempt: r.attempts,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
+        let id = id.to_owned();
+        let result = result.clone();
+        self.write("record a delivery", move |c| {
+            let now = clock();
+            let (delivered, dead, next, error) = match result {
+                DeliveryResult::Delivered => (Some(now), None, None, None),
+                DeliveryResult::Failed { error, retry_in: Some(delay) } => (
+                    None,
+                    None,
+                    Some(now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::hours(1))),
+                    Some(error),
+                ),
+                DeliveryResult::Failed { error, retry_in: None } => (None, Some(now), None, Some(error)),
+            };
+            sql_query(
+                "UPDATE events SET delivered_at = ?, dead_at = ?, next_attempt_at = ?, last_error = ? WHERE id = ?",
+            )
+            .bind::<Nullable<Instant>, _>(delivered)
+            .bind::<Nullable<Instant>, _>(dead)
+            .bind::<Nullable<Instant>, _>(next)
+            .bind::<Nullable<Text>, _>(error)
+            .bind::<Text, _>(id)
+            .execute(c)
+            .context("record a delivery")?;
+            Ok(())
+        })
+        .await?
+        .map_err(abort_to_error)
+    }
+}
+
 impl Backend for SqliteStore {
+    async fn refund_snapshot(
+        &self,
+        id: &RefundId,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Snapshot<Refund>> {
+        let (id, idempotency) = (id.to_string(), idempotency.clone());
+        self.read("read the refund", move |c| {
+            let key = sql_query(
+                "SELECT ? AS now, i.fingerprint, i.status_code, i.body, i.location \
+                 FROM (SELECT 1) AS one LEFT JOIN idempotency_keys i ON i.scope = ? AND i.key = ?",
+            )
+            .bind::<Instant, _>(clock())
+            .bind::<Text, _>(idempotency.scope)
+            .bind::<Text, _>(idempotency.key.into_inner())
+            .get_result::<KeySnapshotRow>(c)
+            .context("read the idempotency key")?;
+            let refund = refunds::table
+                .find(id)
+                .select(RefundRow::as_select())
+                .first::<RefundRow>(c)
+                .optional()
+                .context("read a refund")?;
+            Ok(Snapshot {
+                now: key.now,
+                row: refund.map(RefundRow::into_refund).transpose()?,
+                stored: key.stored.into_answer(),
+            })
+        })
+        .await
+    }
+
+    async fn complete_refund(
+        &self,
+        refund: &Refund,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Option<Reply>> {
+        let (id, idempotency) = (refund.refund_id.clone(), idempotency.clone());
+        let result = self
+            .write("complete a refund", move |c| {
+                let now = clock();
+                let row = sql_query(
+                    "UPDATE refunds SET status = 'COMPLETED', completed_at = ? \
+                     WHERE id = ? AND status = 'REQUESTED' RETURNING *",
+                )
+                .bind::<Instant, _>(now)
+                .bind::<Text, _>(id)
+                .get_result::<RefundRow>(c)
+                .optional()
+                .context("complete a refund")?;
+                let Some(row) = row else {
+                    return Err(Abort::Retry);
+                };
+                let completed = row.into_refund()?;
+                let sequence = next_sequence(c, &completed.asset_id)?;
+                let reply = Reply::json(200, &completed);
+                let event = NewEvent::new(
+                    &completed.asset_id,
+                    sequence,
+                    EventType::RefundCompleted,
+                    reply.body.clone(),
+                    now,
+                );
+                record(
+                    c,
+                    &event,
+                    &idempotency,
+                    &reply,
+                    &completed.reservation_id,
+                    now,
+                )?;
+                Ok(reply)
+            })
+            .await?;
+        match result {
+            Ok(reply) => Ok(Some(reply)),
+            Err(Abort::Retry) => Ok(None),
+            Err(Abort::Failed(e)) => Err(e),
+        }
+    }
+
+    async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
+        let Some(retention) = self.settings.event_retention else {
+            return Ok(0);
+        };
+        let retention =
+            chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::days(36500));
+        let purged = self
+            .write("purge delivered events", move |c| {
+                Ok(sql_query(
+                    "DELETE FROM events WHERE rowid IN ( \
+                       SELECT rowid FROM events WHERE delivered_at IS NOT NULL AND created_at < ? \
+                       ORDER BY rowid LIMIT ?)",
+                )
+                .bind::<Instant, _>(clock() - retention)
+                .bind::<BigInt, _>(limit)
+                .execute(c)
+                .context("purge delivered events")?)
+            })
+            .await?
+            .map_err(abort_to_error)?;
+        Ok(purged as u64)
+    }
+
     async fn expire_batch(&self, limit: i64) -> StoreResult<u64> {
         let expired = self
             .write("expire lapsed holds", move |c| {

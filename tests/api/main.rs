@@ -12,4 +12,6 @@ mod janitor;
 mod migrations;
 mod openapi;
 mod races;
+mod receiver;
 mod releases;
+mod webhooks;

@@ -1,0 +1,12 @@
+ALTER TABLE refunds DROP CONSTRAINT refunds_completed_at_iff_completed;
+ALTER TABLE refunds DROP COLUMN completed_at;
+DROP INDEX events_dead_idx;
+DROP INDEX events_pending_idx;
+ALTER TABLE events DROP COLUMN last_error;
+ALTER TABLE events DROP COLUMN dead_at;
+ALTER TABLE events DROP COLUMN delivered_at;
+ALTER TABLE events DROP COLUMN next_attempt_at;
+ALTER TABLE events DROP COLUMN attempts;
+DROP INDEX events_feed_idx;
+ALTER TABLE events DROP COLUMN txid;
+ALTER TABLE events DROP COLUMN position;

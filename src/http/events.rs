@@ -1,0 +1,159 @@
+//! The global event feed, and dead events for operators.
+
+use actix_web::{get, post, web, HttpResponse};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::error::{respond, ApiError};
+use super::extract::Validator;
+use super::AppState;
+use crate::domain::{Event, EventId};
+use crate::reply::{self, Reply};
+use crate::store::FeedCursor;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct FeedQuery {
+    /// `next_cursor` of the previous page; omit to start from the oldest event.
+    pub after: Option<String>,
+    /// Page size, 1 to 500 (default 100).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
+    pub limit: Option<String>,
+}
+
+/// One page of events, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventPage {
+    pub items: Vec<Event>,
+    /// Pass as `after` to continue; on the last page it stays where it is, so
+    /// a poller keeps passing it and receives what comes next.
+    pub next_cursor: String,
+}
+
+const LIMIT_DEFAULT: i64 = 100;
+const LIMIT_MAX: i64 = 500;
+
+fn encode(cursor: FeedCursor) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}.{}", cursor.tx, cursor.position))
+}
+
+fn decode(text: &str) -> Result<FeedCursor, String> {
+    let raw = URL_SAFE_NO_PAD
+        .decode(text)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or("is not a cursor this service issued")?;
+    let (tx, position) = raw
+        .split_once('.')
+        .ok_or("is not a cursor this service issued")?;
+    match (tx.parse::<i64>(), position.parse::<i64>()) {
+        (Ok(tx), Ok(position)) if tx >= 0 && position >= 0 => Ok(FeedCursor { tx, position }),
+        _ => Err("is not a cursor this service issued".into()),
+    }
+}
+
+fn page_params(query: &FeedQuery) -> Result<(FeedCursor, i64), ApiError> {
+    let mut v = Validator::default();
+    let after = v
+        .check("after", query.after.as_deref().map(decode).transpose())
+        .flatten()
+        .unwrap_or_default();
+    let limit = v
+        .check(
+            "limit",
+            match query.limit.as_deref() {
+                None => Ok(LIMIT_DEFAULT),
+                Some(l) => l
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| (1..=LIMIT_MAX).contains(n))
+                    .ok_or_else(|| format!("must be an integer from 1 to {LIMIT_MAX}")),
+            },
+        )
+        .unwrap_or(LIMIT_DEFAULT);
+    v.finish()?;
+    Ok((after, limit))
+}
+
+fn page(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
+    let next = rows.last().map_or(after, |(c, _)| *c);
+    let items = rows.into_iter().map(|(_, e)| e).collect();
+    respond(Reply::json(
+        200,
+        &EventPage {
+            items,
+            next_cursor: encode(next),
+        },
+    ))
+}
+
+/// Every event, oldest first, for receivers that pull or reconcile after an
+/// outage. An event appears once no earlier-starting transaction can still
+/// commit in front of it, so following `next_cursor` never skips one.
+#[utoipa::path(
+    tag = "events",
+    operation_id = "list_events",
+    params(FeedQuery),
+    responses((status = 200, description = "One page of the feed", body = EventPage))
+)]
+#[get("/v1/events")]
+pub async fn list_events(
+    state: web::Data<AppState>,
+    query: web::Query<FeedQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (after, limit) = page_params(&query)?;
+    Ok(page(after, state.store.event_feed(after, limit).await?))
+}
+
+/// Events whose delivery failed too often and was given up, oldest first.
+#[utoipa::path(
+    tag = "events",
+    operation_id = "list_dead_events",
+    params(FeedQuery),
+    responses((status = 200, description = "One page of dead events", body = EventPage))
+)]
+#[get("/v1/events/dead")]
+pub async fn list_dead_events(
+    state: web::Data<AppState>,
+    query: web::Query<FeedQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let (after, limit) = page_params(&query)?;
+    Ok(page(after, state.store.dead_events(after, limit).await?))
+}
+
+/// Deliver an event again (dead or not): its attempts start over.
+#[utoipa::path(
+    tag = "events",
+    operation_id = "redeliver_event",
+    params(("event_id" = String, Path, description = "evt_ followed by a ULID", pattern = "^evt_[0-9A-HJKMNP-TV-Z]{26}$")),
+    responses((status = 202, description = "Scheduled for delivery", body = Event))
+)]
+#[post("/v1/events/{event_id}/redeliver")]
+pub async fn redeliver_event(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = EventId::parse(&path).ok_or_else(reply::event_not_found)?;
+    match state.store.redeliver(&id).await? {
+        Some(event) => Ok(respond(Reply::json(202, &event))),
+        None => Err(reply::event_not_found().into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip() {
+        let c = FeedCursor {
+            tx: 812,
+            position: 99,
+        };
+        assert_eq!(decode(&encode(c)), Ok(c));
+        assert!(decode("nope").is_err());
+        assert!(decode(&URL_SAFE_NO_PAD.encode("-1.2")).is_err());
+    }
+}

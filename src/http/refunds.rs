@@ -1,0 +1,154 @@
+//! Refunds: the reconciliation list, and completion by the payment system.
+
+use actix_web::{get, post, web, HttpRequest, HttpResponse};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::docs::IdempotencyKeyParam;
+use super::error::{respond, ApiError};
+use super::extract::{Caller, IdempotencyKeyHeader, JsonBody, Validator};
+use super::AppState;
+use crate::domain::{Refund, RefundId, RefundStatus};
+use crate::reply::{self, Reply};
+use crate::store::{CompleteRefundOutcome, CompleteRefundRequest, RefundPage};
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListRefundsQuery {
+    /// Only refunds with this status, e.g. REQUESTED for those still to pay back.
+    #[param(value_type = Option<RefundStatus>)]
+    pub status: Option<String>,
+    /// Page size, 1 to 500 (default 50).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
+    pub limit: Option<String>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// One page of refunds, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RefundList {
+    pub items: Vec<Refund>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// Completion takes no body, or `{}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRefundBody {}
+
+const LIMIT_DEFAULT: i64 = 50;
+const LIMIT_MAX: i64 = 500;
+
+/// Refunds in creation order (keyset paged), for reconciliation.
+#[utoipa::path(
+    tag = "refunds",
+    operation_id = "list_refunds",
+    params(ListRefundsQuery),
+    responses((status = 200, description = "One page of refunds", body = RefundList))
+)]
+#[get("/v1/refunds")]
+pub async fn list_refunds(
+    state: web::Data<AppState>,
+    query: web::Query<ListRefundsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let mut v = Validator::default();
+    let status = v
+        .check(
+            "status",
+            query
+                .status
+                .as_deref()
+                .map(|s| {
+                    RefundStatus::parse(s)
+                        .ok_or_else(|| "must be REQUESTED or COMPLETED".to_owned())
+                })
+                .transpose(),
+        )
+        .flatten();
+    let limit = v
+        .check(
+            "limit",
+            match query.limit.as_deref() {
+                None => Ok(LIMIT_DEFAULT),
+                Some(l) => l
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| (1..=LIMIT_MAX).contains(n))
+                    .ok_or_else(|| format!("must be an integer from 1 to {LIMIT_MAX}")),
+            },
+        )
+        .unwrap_or(LIMIT_DEFAULT);
+    let after = v
+        .check(
+            "cursor",
+            query
+                .cursor
+                .as_deref()
+                .map(|c| {
+                    RefundId::parse(c)
+                        .map(|id| id.to_string())
+                        .ok_or_else(|| "is not a cursor this service issued".to_owned())
+                })
+                .transpose(),
+        )
+        .flatten();
+    v.finish()?;
+    let mut items = state
+        .store
+        .list_refunds(&RefundPage {
+            status,
+            after,
+            limit: limit + 1,
+        })
+        .await?;
+    let next_cursor = if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        items.last().map(|r| r.refund_id.clone())
+    } else {
+        None
+    };
+    Ok(respond(Reply::json(
+        200,
+        &RefundList { items, next_cursor },
+    )))
+}
+
+/// The payment system reports a refund paid back: REQUESTED becomes COMPLETED.
+#[utoipa::path(
+    tag = "refunds",
+    operation_id = "complete_refund",
+    params(
+        ("refund_id" = String, Path, description = "rf_ followed by a ULID", pattern = "^rf_[0-9A-HJKMNP-TV-Z]{26}$"),
+        IdempotencyKeyParam,
+    ),
+    request_body(content = Option<CompleteRefundBody>, description = "No body, or {}"),
+    responses(
+        (status = 200, description = "COMPLETED (now, before, or a replay)", body = Refund,
+         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with this key"))),
+    )
+)]
+#[post("/v1/refunds/{refund_id}/complete")]
+pub async fn complete_refund(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Caller,
+    key: IdempotencyKeyHeader,
+    path: web::Path<String>,
+    body: JsonBody<CompleteRefundBody, true>,
+) -> Result<HttpResponse, ApiError> {
+    let refund_id = RefundId::parse(&path).ok_or_else(reply::refund_not_found)?;
+    let request = CompleteRefundRequest {
+        refund_id,
+        idempotency: caller.idempotency(key, &req, &body.canonical),
+    };
+    Ok(match state.store.complete_refund(&request).await? {
+        CompleteRefundOutcome::Completed(reply) | CompleteRefundOutcome::Replayed(reply) => {
+            respond(reply)
+        }
+        CompleteRefundOutcome::AlreadyCompleted(refund) => respond(Reply::json(200, &refund)),
+        CompleteRefundOutcome::KeyReused => return Err(reply::key_reused().into()),
+        CompleteRefundOutcome::NotFound => return Err(reply::refund_not_found().into()),
+    })
+}

@@ -1,0 +1,425 @@
+//! Delivery of events to a real receiver, the event feed, and refunds.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use holdfast::config::Secret;
+use holdfast::outbox::{DispatchReport, Dispatcher, Settings};
+use serde_json::{json, Value};
+
+use crate::backend_tests;
+use crate::helpers::{Backend, TestApp};
+use crate::receiver::{Receiver, SECRET};
+
+fn dispatcher(app: &TestApp, url: &str, max_attempts: i32) -> Dispatcher {
+    Dispatcher::new(
+        app.store.clone(),
+        Settings {
+            url: url.to_owned(),
+            secret: Secret::new(SECRET),
+            timeout: Duration::from_secs(2),
+            max_attempts,
+            retry_base: Duration::from_millis(40),
+            retry_max: Duration::from_millis(200),
+        },
+    )
+    .unwrap()
+}
+
+/// Longer than any backoff these dispatchers use.
+async fn wait_for_retry() {
+    tokio::time::sleep(Duration::from_millis(250)).await;
+}
+
+async fn events_reach_the_receiver_signed_once(app: TestApp) {
+    let receiver = Receiver::start(0).await;
+    app.create_asset("W-1").await;
+    let r = app.hold("W-1", "b", 300).await;
+    let id = r["reservation_id"].as_str().unwrap();
+    assert_eq!(app.commit(id, "c", "pay-w1").await.status(), 200);
+
+    let d = dispatcher(&app, &receiver.url, 5);
+    let report = d.run_once().await.unwrap();
+    assert_eq!(
+        report,
+        DispatchReport {
+            delivered: 2,
+            retrying: 0,
+            dead: 0
+        }
+    );
+    let got = receiver.received();
+    assert_eq!(got.len(), 2);
+    for delivery in &got {
+        assert!(delivery.signature_is_valid(), "{delivery:?}");
+        let body = delivery.json();
+        assert_eq!(body["id"], delivery.event_id.as_str());
+        assert_eq!(body["asset_id"], "W-1");
+        assert!(body["created_at"].is_string());
+    }
+    let mut kinds: Vec<(i64, String)> = got
+        .iter()
+        .map(|d| {
+            (
+                d.json()["sequence"].as_i64().unwrap(),
+                d.json()["type"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            (1, "reservation.held".to_owned()),
+            (2, "reservation.committed".to_owned())
+        ]
+    );
+    let committed = got
+        .iter()
+        .find(|d| d.json()["type"] == "reservation.committed")
+        .unwrap();
+    assert_eq!(committed.json()["data"]["status"], "COMMITTED");
+    assert_eq!(committed.json()["data"]["reservation_id"], id);
+
+    // Delivered events are not sent again.
+    assert_eq!(d.run_once().await.unwrap(), DispatchReport::default());
+    assert_eq!(receiver.received().len(), 2);
+    receiver.stop().await;
+}
+
+async fn a_failing_receiver_gets_the_event_once_more_per_failure(app: TestApp) {
+    let receiver = Receiver::start(2).await;
+    app.create_asset("W-2").await;
+    app.hold("W-2", "b", 300).await;
+    let d = dispatcher(&app, &receiver.url, 10);
+    assert_eq!(d.run_once().await.unwrap().retrying, 1);
+    // Not due again before its backoff.
+    assert_eq!(d.run_once().await.unwrap(), DispatchReport::default());
+    wait_for_retry().await;
+    assert_eq!(d.run_once().await.unwrap().retrying, 1);
+    wait_for_retry().await;
+    assert_eq!(d.run_once().await.unwrap().delivered, 1);
+    wait_for_retry().await;
+    assert_eq!(d.run_once().await.unwrap(), DispatchReport::default());
+    let got = receiver.received();
+    assert_eq!(got.len(), 3, "two failures, one success, then nothing");
+    assert!(got
+        .iter()
+        .all(|r| r.event_id == got[0].event_id && r.body == got[0].body));
+    receiver.stop().await;
+}
+
+async fn a_receiver_down_keeps_events_pending_until_it_returns(app: TestApp) {
+    let port = Receiver::vacant_port();
+    let url = format!("http://127.0.0.1:{port}/hooks/holdfast");
+    app.create_asset("W-3").await;
+    app.hold("W-3", "b", 300).await;
+    let d = dispatcher(&app, &url, 10);
+    assert_eq!(d.run_once().await.unwrap().retrying, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM events WHERE delivered_at IS NULL AND dead_at IS NULL AND last_error IS NOT NULL")
+            .await,
+        1
+    );
+    let receiver = Receiver::start_on_port(port).await;
+    wait_for_retry().await;
+    assert_eq!(d.run_once().await.unwrap().delivered, 1);
+    assert_eq!(receiver.received().len(), 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM events WHERE delivered_at IS NULL")
+            .await,
+        0
+    );
+    receiver.stop().await;
+}
+
+async fn two_dispatchers_deliver_each_event_once(app: TestApp) {
+    let receiver = Receiver::start(0).await;
+    for i in 0..40 {
+        let asset = format!("W-M{i}");
+        app.create_asset(&asset).await;
+        app.hold(&asset, "b", 300).await;
+    }
+    let (a, b) = (
+        dispatcher(&app, &receiver.url, 5),
+        dispatcher(&app, &receiver.url, 5),
+    );
+    let reports = join_all([a.run_once(), b.run_once(), a.run_once(), b.run_once()]).await;
+    let delivered: u64 = reports.into_iter().map(|r| r.unwrap().delivered).sum();
+    assert_eq!(delivered, 40);
+    let got = receiver.received();
+    let ids: HashSet<&str> = got.iter().map(|r| r.event_id.as_str()).collect();
+    assert_eq!(got.len(), 40, "no event was sent twice");
+    assert_eq!(ids.len(), 40);
+    receiver.stop().await;
+}
+
+async fn a_late_commit_is_delivered_as_one_refund_request(app: TestApp) {
+    let receiver = Receiver::start(0).await;
+    app.create_asset("W-4").await;
+    let r = app.hold("W-4", "b", 1).await;
+    let id = r["reservation_id"].as_str().unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for key in ["late-1", "late-1", "late-2"] {
+        assert_eq!(app.commit(id, key, "pay-late").await.status(), 409);
+    }
+    dispatcher(&app, &receiver.url, 5).run_once().await.unwrap();
+    let refunds: Vec<Value> = receiver
+        .received()
+        .iter()
+        .map(|r| r.json())
+        .filter(|e| e["type"] == "refund.requested")
+        .collect();
+    assert_eq!(refunds.len(), 1);
+    assert_eq!(refunds[0]["data"]["payment_reference"], "pay-late");
+    assert_eq!(refunds[0]["data"]["reason"], "HOLD_EXPIRED");
+    receiver.stop().await;
+}
+
+async fn dead_events_are_listed_and_sent_again(app: TestApp) {
+    let receiver = Receiver::start(usize::MAX).await;
+    app.create_asset("W-5").await;
+    app.hold("W-5", "b", 300).await;
+    let d = dispatcher(&app, &receiver.url, 2);
+    assert_eq!(d.run_once().await.unwrap().retrying, 1);
+    wait_for_retry().await;
+    assert_eq!(d.run_once().await.unwrap().dead, 1);
+    wait_for_retry().await;
+    assert_eq!(
+        d.run_once().await.unwrap(),
+        DispatchReport::default(),
+        "dead events rest"
+    );
+
+    let dead = app.get_json("/v1/events/dead").await;
+    assert_eq!(dead["items"].as_array().unwrap().len(), 1);
+    let event_id = dead["items"][0]["id"].as_str().unwrap().to_owned();
+    let response = app
+        .post(
+            &format!("/v1/events/{event_id}/redeliver"),
+            None,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(response.status(), 202);
+    assert!(app.get_json("/v1/events/dead").await["items"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+
+    receiver.fail_next(0);
+    assert_eq!(d.run_once().await.unwrap().delivered, 1);
+    assert_eq!(receiver.received().len(), 3);
+    let missing = app
+        .post(
+            "/v1/events/evt_01HZX4C6W0R1T2Y3U4I5O6P7A8/redeliver",
+            None,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(missing.status(), 404);
+    receiver.stop().await;
+}
+
+/// Follows the feed from `cursor` in pages of `limit` until `want` events
+/// arrived. An event shows once every transaction that started before it has
+/// ended (on PostgreSQL, cluster-wide), so a reader may have to poll briefly.
+async fn follow_feed(
+    app: &TestApp,
+    mut cursor: String,
+    limit: usize,
+    want: usize,
+) -> (Vec<Value>, String) {
+    let mut items = Vec::new();
+    for _ in 0..100 {
+        let path = if cursor.is_empty() {
+            format!("/v1/events?limit={limit}")
+        } else {
+            format!("/v1/events?limit={limit}&after={cursor}")
+        };
+        let page = app.get_json(&path).await;
+        let got = page["items"].as_array().unwrap().clone();
+        assert!(got.len() <= limit);
+        cursor = page["next_cursor"].as_str().unwrap().to_owned();
+        items.extend(got);
+        if items.len() >= want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (items, cursor)
+}
+
+async fn the_feed_pages_oldest_first_and_polls_from_its_cursor(app: TestApp) {
+    for i in 0..5 {
+        let asset = format!("F-{i}");
+        app.create_asset(&asset).await;
+        app.hold(&asset, "b", 300).await;
+    }
+    let (items, cursor) = follow_feed(&app, String::new(), 2, 5).await;
+    let assets: Vec<&str> = items
+        .iter()
+        .map(|e| e["asset_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(assets, ["F-0", "F-1", "F-2", "F-3", "F-4"]);
+    // At the end the cursor stays put, and new events appear after it.
+    let empty = app.get_json(&format!("/v1/events?after={cursor}")).await;
+    assert!(empty["items"].as_array().unwrap().is_empty());
+    assert_eq!(empty["next_cursor"], cursor.as_str());
+    app.create_asset("F-5").await;
+    app.hold("F-5", "b", 300).await;
+    let (next, _) = follow_feed(&app, cursor, 10, 1).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0]["asset_id"], "F-5");
+    for bad in ["after=garbage", "limit=0", "limit=x"] {
+        assert_eq!(
+            app.get(&format!("/v1/events?{bad}")).await.status(),
+            422,
+            "{bad}"
+        );
+    }
+}
+
+async fn refunds_are_listed_and_completed_once(app: TestApp) {
+    app.create_asset("W-6").await;
+    let r = app.hold("W-6", "b", 300).await;
+    let id = r["reservation_id"].as_str().unwrap();
+    app.release(id, "rel").await;
+    let refund: Value = app.commit(id, "c", "pay-6").await.json().await.unwrap();
+    let refund_id = refund["refund"]["refund_id"].as_str().unwrap().to_owned();
+
+    let requested = app.get_json("/v1/refunds?status=REQUESTED").await;
+    assert_eq!(requested["items"].as_array().unwrap().len(), 1);
+    assert_eq!(requested["items"][0]["refund_id"], refund_id.as_str());
+
+    let path = format!("/v1/refunds/{refund_id}/complete");
+    let done = app.post(&path, Some("done-1"), &json!({})).await;
+    assert_eq!(done.status(), 200);
+    let done: Value = done.json().await.unwrap();
+    assert_eq!(done["status"], "COMPLETED");
+    assert!(done["completed_at"].is_string());
+    let replay = app.post(&path, Some("done-1"), &json!({})).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let again = app.post(&path, Some("done-2"), &json!({})).await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(
+        again.json::<Value>().await.unwrap()["completed_at"],
+        done["completed_at"]
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM events WHERE type = 'refund.completed'")
+            .await,
+        1
+    );
+
+    assert!(app.get_json("/v1/refunds?status=REQUESTED").await["items"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        app.get_json("/v1/refunds?status=COMPLETED").await["items"][0]["refund_id"],
+        refund_id.as_str()
+    );
+    let reservation = app.get_json(&format!("/v1/reservations/{id}")).await;
+    assert_eq!(reservation["refunds"][0]["status"], "COMPLETED");
+    let missing = app
+        .post(
+            "/v1/refunds/rf_01HZX4B2Q7C3M9D8E6F5G4H3J2/complete",
+            Some("k"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(missing.status(), 404);
+    assert_eq!(app.post(&path, None, &json!({})).await.status(), 400);
+}
+
+async fn refunds_page_by_cursor(app: TestApp) {
+    for i in 0..3 {
+        let asset = format!("W-P{i}");
+        app.create_asset(&asset).await;
+        let r = app.hold(&asset, "b", 300).await;
+        let id = r["reservation_id"].as_str().unwrap();
+        app.release(id, &format!("rel-{i}")).await;
+        app.commit(id, &format!("c-{i}"), &format!("pay-p{i}"))
+            .await;
+    }
+    let first = app.get_json("/v1/refunds?limit=2").await;
+    assert_eq!(first["items"].as_array().unwrap().len(), 2);
+    let rest = app
+        .get_json(&format!(
+            "/v1/refunds?limit=2&cursor={}",
+            first["next_cursor"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(rest["items"].as_array().unwrap().len(), 1);
+    assert_eq!(rest["next_cursor"], Value::Null);
+    assert_eq!(app.get("/v1/refunds?status=LOST").await.status(), 422);
+}
+
+async fn old_delivered_events_are_purged_only_when_configured(app: TestApp) {
+    app.create_asset("W-7").await;
+    app.hold("W-7", "b", 300).await;
+    let old = match app.backend {
+        Backend::Postgres => {
+            "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days'"
+        }
+        Backend::Sqlite => {
+            "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', created_at = '2000-01-01T00:00:00.000000Z'"
+        }
+    };
+    app.sql(old).await;
+    assert_eq!(
+        holdfast::janitor::run_once(&app.store)
+            .await
+            .unwrap()
+            .purged_events,
+        0
+    );
+    assert_eq!(app.count("SELECT count(*) FROM events").await, 1);
+}
+
+backend_tests!(
+    events_reach_the_receiver_signed_once,
+    a_failing_receiver_gets_the_event_once_more_per_failure,
+    a_receiver_down_keeps_events_pending_until_it_returns,
+    two_dispatchers_deliver_each_event_once,
+    a_late_commit_is_delivered_as_one_refund_request,
+    dead_events_are_listed_and_sent_again,
+    the_feed_pages_oldest_first_and_polls_from_its_cursor,
+    refunds_are_listed_and_completed_once,
+    refunds_page_by_cursor,
+    old_delivered_events_are_purged_only_when_configured,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivered_events_past_retention_are_purged() {
+    for backend in [Backend::Postgres, Backend::Sqlite] {
+        let Some(app) =
+            TestApp::try_spawn_with(backend, |c| c.event_retention_days = Some(30)).await
+        else {
+            continue;
+        };
+        app.create_asset("W-8").await;
+        app.hold("W-8", "b", 300).await;
+        app.create_asset("W-9").await;
+        app.hold("W-9", "b", 300).await;
+        let old = match backend {
+            Backend::Postgres => {
+                "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days' WHERE asset_id = 'W-8'"
+            }
+            Backend::Sqlite => {
+                "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', \
+                 created_at = '2000-01-01T00:00:00.000000Z' WHERE asset_id = 'W-8'"
+            }
+        };
+        app.sql(old).await;
+        let report = holdfast::janitor::run_once(&app.store).await.unwrap();
+        assert_eq!(report.purged_events, 1, "{backend:?}");
+        assert_eq!(
+            app.count("SELECT count(*) FROM events").await,
+            1,
+            "{backend:?}"
+        );
+    }
+}
