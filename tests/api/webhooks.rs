@@ -423,3 +423,33 @@ async fn delivered_events_past_retention_are_purged() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_the_dispatcher_by_itself() {
+    for backend in [Backend::Postgres, Backend::Sqlite] {
+        let receiver = Receiver::start(0).await;
+        let url = receiver.url.clone();
+        let Some(app) = TestApp::try_spawn_with(backend, |c| {
+            c.webhook_url = Some(url);
+            c.webhook_secret = Some(Secret::new(SECRET));
+            c.dispatch_interval_ms = 50;
+        })
+        .await
+        else {
+            continue;
+        };
+        app.create_asset("W-10").await;
+        app.hold("W-10", "b", 300).await;
+        let mut delivered = false;
+        for _ in 0..100 {
+            if receiver.received().len() == 1 {
+                delivered = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(delivered, "{backend:?}: the event reached the receiver");
+        assert!(receiver.received()[0].signature_is_valid());
+        receiver.stop().await;
+    }
+}
