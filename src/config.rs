@@ -173,7 +173,7 @@ pub struct Config {
     #[arg(
         long,
         env = "HOLDFAST_DB_STATEMENT_TIMEOUT_MS",
-        default_value_t = 5000,
+        default_value_t = 2500,
         global = true
     )]
     pub db_statement_timeout_ms: u64,
@@ -182,10 +182,29 @@ pub struct Config {
     #[arg(
         long,
         env = "HOLDFAST_DB_LOCK_TIMEOUT_MS",
-        default_value_t = 2000,
+        default_value_t = 1000,
         global = true
     )]
     pub db_lock_timeout_ms: u64,
+
+    /// Longest a request's database work may take end to end, even when the
+    /// network stalls (503 past it), in milliseconds.
+    #[arg(
+        long,
+        env = "HOLDFAST_DB_TIMEOUT_MS",
+        default_value_t = 3000,
+        global = true
+    )]
+    pub db_timeout_ms: u64,
+
+    /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.
+    #[arg(
+        long,
+        env = "HOLDFAST_SHUTDOWN_GRACE_SECONDS",
+        default_value_t = 30,
+        global = true
+    )]
+    pub shutdown_grace_seconds: u64,
 
     /// HTTP worker threads; 0 means one per CPU core.
     #[arg(long, env = "HOLDFAST_WORKERS", default_value_t = 0, global = true)]
@@ -275,8 +294,10 @@ impl Config {
             max_body_bytes: 16 * 1024,
             db_pool_size: 16,
             db_acquire_timeout_ms: 2000,
-            db_statement_timeout_ms: 5000,
-            db_lock_timeout_ms: 2000,
+            db_statement_timeout_ms: 2500,
+            db_lock_timeout_ms: 1000,
+            db_timeout_ms: 3000,
+            shutdown_grace_seconds: 30,
             workers: 0,
             log_format: LogFormat::Text,
         }
@@ -377,6 +398,7 @@ impl Config {
                 self.db_statement_timeout_ms,
             ),
             ("HOLDFAST_DB_LOCK_TIMEOUT_MS", self.db_lock_timeout_ms),
+            ("HOLDFAST_DB_TIMEOUT_MS", self.db_timeout_ms),
         ] {
             if value == 0 {
                 return Err(invalid(setting, "must be at least 1"));
@@ -424,6 +446,7 @@ impl Config {
             acquire_timeout: Duration::from_millis(self.db_acquire_timeout_ms),
             statement_timeout: Duration::from_millis(self.db_statement_timeout_ms),
             lock_timeout: Duration::from_millis(self.db_lock_timeout_ms),
+            call_timeout: Duration::from_millis(self.db_timeout_ms),
             idempotency_retention: Duration::from_secs(self.idempotency_retention_hours * 3600),
             event_retention: self
                 .event_retention_days

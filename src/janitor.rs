@@ -16,7 +16,11 @@ pub fn start(store: Store, every: Duration) -> Worker {
 
 /// One janitor pass.
 pub async fn run_once(store: &Store) -> StoreResult<SweepReport> {
-    let report = store.sweep().await?;
+    let result = store.sweep().await;
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    metrics::counter!("holdfast_janitor_runs_total", "result" => outcome).increment(1);
+    let report = result?;
+    metrics::counter!("holdfast_janitor_expired_total").increment(report.expired);
     if report != SweepReport::default() {
         tracing::info!(
             expired = report.expired,

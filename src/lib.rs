@@ -84,13 +84,16 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(2, usize::from),
             n => n,
         };
+        let grace = config.shutdown_grace_seconds;
         let state = web::Data::new(AppState {
             store: store.clone(),
             openapi_json: api.to_pretty_json().unwrap_or_default(),
             config,
         });
+        crate::telemetry::metrics();
         let server = HttpServer::new(move || http::app(state.clone(), routes.clone()))
             .workers(threads)
+            .shutdown_timeout(grace)
             .listen(listener)
             .map_err(|source| StartError::Bind {
                 addr: std::net::SocketAddr::from(([0, 0, 0, 0], port)),

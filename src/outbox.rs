@@ -116,19 +116,27 @@ impl Dispatcher {
             let claimed = batch.len() as i64;
             let results = join_all(batch.iter().map(|d| self.deliver(d))).await;
             for (delivery, result) in batch.iter().zip(results) {
-                match &result {
-                    DeliveryResult::Delivered => report.delivered += 1,
+                let outcome = match &result {
+                    DeliveryResult::Delivered => {
+                        report.delivered += 1;
+                        "delivered"
+                    }
                     DeliveryResult::Failed {
                         retry_in: Some(_), ..
-                    } => report.retrying += 1,
+                    } => {
+                        report.retrying += 1;
+                        "retrying"
+                    }
                     DeliveryResult::Failed {
                         retry_in: None,
                         error,
                     } => {
                         report.dead += 1;
                         tracing::warn!(event_id = %delivery.event.id, attempts = delivery.attempt, %error, "event parked as dead");
+                        "dead"
                     }
-                }
+                };
+                crate::telemetry::count("holdfast_webhook_deliveries_total", outcome);
                 self.store
                     .finish_delivery(&delivery.event.id, &result)
                     .await?;

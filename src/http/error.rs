@@ -48,10 +48,12 @@ impl ResponseError for ApiError {
         let problem = match self {
             ApiError::Problem(p) => p.clone(),
             ApiError::Store(e) if e.is_unavailable() => {
+                metrics::counter!("holdfast_db_errors_total", "kind" => e.kind()).increment(1);
                 tracing::warn!(error = %e, "database unavailable");
                 reply::service_unavailable()
             }
             ApiError::Store(e) => {
+                metrics::counter!("holdfast_db_errors_total", "kind" => e.kind()).increment(1);
                 tracing::error!(error = %error_chain(e), "request failed");
                 Problem::new(
                     ErrorCode::Internal,

@@ -7,6 +7,7 @@ pub mod error;
 mod events;
 mod extract;
 mod health;
+mod observe;
 mod refunds;
 mod reservations;
 
@@ -106,7 +107,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(health::healthz)
         .service(health::readyz)
         .service(get_openapi)
-        .service(get_docs);
+        .service(get_docs)
+        .service(get_metrics);
 }
 
 /// The OpenAPI document of this build.
@@ -159,6 +161,7 @@ pub fn app(
                 .config(utoipa_swagger_ui::Config::new(["/openapi.json"]).validator_url("none")),
         )
         .default_service(web::to(fallback))
+        .wrap(actix_web::middleware::from_fn(observe::observe))
 }
 
 /// This document (OpenAPI 3.1).
@@ -172,6 +175,19 @@ async fn get_openapi(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
         .body(state.openapi_json.clone())
+}
+
+/// Prometheus metrics, in the text exposition format.
+#[utoipa::path(
+    tag = "operations",
+    operation_id = "get_metrics",
+    responses((status = 200, description = "Every metric (see the README's Operations section)", content_type = "text/plain", body = String))
+)]
+#[get("/metrics")]
+async fn get_metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(crate::telemetry::render(&state.store))
 }
 
 /// The interactive documentation (Swagger UI, served offline) lives at `/docs/`.

@@ -144,7 +144,13 @@ pub async fn complete_refund(
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
     Ok(match state.store.complete_refund(&request).await? {
-        CompleteRefundOutcome::Completed(reply) | CompleteRefundOutcome::Replayed(reply) => {
+        CompleteRefundOutcome::Completed(reply) => {
+            metrics::counter!("holdfast_refunds_completed_total").increment(1);
+            tracing::info!(refund_id = %request.refund_id, "refund completed");
+            respond(reply)
+        }
+        CompleteRefundOutcome::Replayed(reply) => {
+            metrics::counter!("holdfast_idempotency_replays_total").increment(1);
             respond(reply)
         }
         CompleteRefundOutcome::AlreadyCompleted(refund) => respond(Reply::json(200, &refund)),

@@ -8,11 +8,13 @@ use super::docs::IdempotencyKeyParam;
 use super::error::{respond, ApiError};
 use super::extract::{Caller, IdempotencyKeyHeader, JsonBody, Validator};
 use super::AppState;
+use crate::domain::RefundReason;
 use crate::domain::{AssetId, BuyerId, PaymentReference, Reservation, ReservationId};
 use crate::reply::{self, Reply};
 use crate::store::{
     CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, ReleaseOutcome, ReleaseRequest,
 };
+use crate::telemetry::count;
 
 /// A buyer's request to hold an asset.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -95,6 +97,9 @@ pub async fn hold_asset(
         return Err(reply::validation_failed(Vec::new()).into());
     };
     let asset_id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    let span = tracing::Span::current();
+    span.record("asset_id", asset_id.as_str());
+    span.record("idempotency_key", key.0.as_str());
     let request = HoldRequest {
         asset_id,
         buyer_id,
@@ -102,13 +107,31 @@ pub async fn hold_asset(
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
     Ok(match state.store.hold(&request).await? {
-        HoldOutcome::Created(reply) | HoldOutcome::Replayed(reply) => respond(reply),
-        HoldOutcome::KeyReused => return Err(reply::key_reused().into()),
-        HoldOutcome::NotFound => return Err(reply::asset_not_found().into()),
+        HoldOutcome::Created(reply) => {
+            count("holdfast_holds_total", "created");
+            tracing::info!(
+                location = reply.location.as_deref(),
+                buyer_id = request.buyer_id.as_str(),
+                "asset held"
+            );
+            respond(reply)
+        }
+        HoldOutcome::Replayed(reply) => replayed("holdfast_holds_total", reply),
+        HoldOutcome::KeyReused => {
+            count("holdfast_holds_total", "rejected");
+            return Err(reply::key_reused().into());
+        }
+        HoldOutcome::NotFound => {
+            count("holdfast_holds_total", "not_found");
+            return Err(reply::asset_not_found().into());
+        }
         HoldOutcome::Unavailable {
             status,
             hold_expires_at,
-        } => return Err(reply::asset_unavailable(status, hold_expires_at).into()),
+        } => {
+            count("holdfast_holds_total", "conflict");
+            return Err(reply::asset_unavailable(status, hold_expires_at).into());
+        }
     })
 }
 
@@ -167,20 +190,45 @@ pub async fn commit_reservation(
         return Err(reply::validation_failed(Vec::new()).into());
     };
     let request = CommitRequest {
-        reservation_id: reservation_id(&path)?,
+        reservation_id: record_reservation(reservation_id(&path)?, &key),
         payment_reference,
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
+    const COMMITS: &str = "holdfast_commits_total";
     Ok(match state.store.commit(&request).await? {
-        CommitOutcome::Committed(reply)
-        | CommitOutcome::Refused(reply)
-        | CommitOutcome::Replayed(reply) => respond(reply),
-        CommitOutcome::AlreadyCommitted(r) => respond(reply::reservation_ok(&r)),
+        CommitOutcome::Committed(reply) => {
+            count(COMMITS, "committed");
+            tracing::info!("reservation committed; asset sold");
+            respond(reply)
+        }
+        CommitOutcome::Refunded { reply, reason } => {
+            count(COMMITS, refusal(reason));
+            metrics::counter!("holdfast_refunds_requested_total", "reason" => reason.as_str())
+                .increment(1);
+            tracing::info!(reason = reason.as_str(), "commit refused; refund requested");
+            respond(reply)
+        }
+        CommitOutcome::Refused { reply, reason } => {
+            count(COMMITS, refusal(reason));
+            respond(reply)
+        }
+        CommitOutcome::Replayed(reply) => replayed(COMMITS, reply),
+        CommitOutcome::AlreadyCommitted(r) => {
+            count(COMMITS, "unchanged");
+            respond(reply::reservation_ok(&r))
+        }
         CommitOutcome::PaymentReferenceUsed(r) => {
+            count(COMMITS, "payment_reference_used");
             respond(reply::payment_reference_used(&r).into_reply())
         }
-        CommitOutcome::KeyReused => return Err(reply::key_reused().into()),
-        CommitOutcome::NotFound => return Err(reply::reservation_not_found().into()),
+        CommitOutcome::KeyReused => {
+            count(COMMITS, "rejected");
+            return Err(reply::key_reused().into());
+        }
+        CommitOutcome::NotFound => {
+            count(COMMITS, "not_found");
+            return Err(reply::reservation_not_found().into());
+        }
     })
 }
 
@@ -208,14 +256,55 @@ pub async fn release_reservation(
     body: JsonBody<ReleaseReservationRequest, true>,
 ) -> Result<HttpResponse, ApiError> {
     let request = ReleaseRequest {
-        reservation_id: reservation_id(&path)?,
+        reservation_id: record_reservation(reservation_id(&path)?, &key),
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
+    const RELEASES: &str = "holdfast_releases_total";
     Ok(match state.store.release(&request).await? {
-        ReleaseOutcome::Released(reply) | ReleaseOutcome::Replayed(reply) => respond(reply),
-        ReleaseOutcome::AlreadyReleased(r) => respond(reply::reservation_ok(&r)),
-        ReleaseOutcome::NotActive(r) => respond(reply::reservation_not_active(&r).into_reply()),
-        ReleaseOutcome::KeyReused => return Err(reply::key_reused().into()),
-        ReleaseOutcome::NotFound => return Err(reply::reservation_not_found().into()),
+        ReleaseOutcome::Released(reply) => {
+            count(RELEASES, "released");
+            tracing::info!("reservation released; asset available");
+            respond(reply)
+        }
+        ReleaseOutcome::Replayed(reply) => replayed(RELEASES, reply),
+        ReleaseOutcome::AlreadyReleased(r) => {
+            count(RELEASES, "unchanged");
+            respond(reply::reservation_ok(&r))
+        }
+        ReleaseOutcome::NotActive(r) => {
+            count(RELEASES, "not_active");
+            respond(reply::reservation_not_active(&r).into_reply())
+        }
+        ReleaseOutcome::KeyReused => {
+            count(RELEASES, "rejected");
+            return Err(reply::key_reused().into());
+        }
+        ReleaseOutcome::NotFound => {
+            count(RELEASES, "not_found");
+            return Err(reply::reservation_not_found().into());
+        }
     })
+}
+
+/// Names the reservation and key in the request's span.
+fn record_reservation(id: ReservationId, key: &IdempotencyKeyHeader) -> ReservationId {
+    let span = tracing::Span::current();
+    span.record("reservation_id", id.to_string());
+    span.record("idempotency_key", key.0.as_str());
+    id
+}
+
+fn replayed(metric: &'static str, reply: Reply) -> HttpResponse {
+    count(metric, "replayed");
+    metrics::counter!("holdfast_idempotency_replays_total").increment(1);
+    respond(reply)
+}
+
+/// The commit outcome label of a refused payment.
+fn refusal(reason: RefundReason) -> &'static str {
+    match reason {
+        RefundReason::HoldExpired => "hold_expired",
+        RefundReason::ReservationReleased => "not_active",
+        RefundReason::AlreadyCommitted => "already_committed",
+    }
 }

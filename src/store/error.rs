@@ -28,6 +28,23 @@ impl StoreError {
         matches!(self, StoreError::Unavailable { .. })
     }
 
+    /// `timeout` (a wait ran out), `unavailable` (the database could not be
+    /// reached or went away) or `other` (a bug or a broken database).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable { reason, .. } => {
+                let reason = reason.to_ascii_lowercase();
+                let waited = ["timeout", "timed out", "canceling statement", "locked"];
+                if waited.iter().any(|w| reason.contains(w)) {
+                    "timeout"
+                } else {
+                    "unavailable"
+                }
+            }
+            _ => "other",
+        }
+    }
+
     pub fn unavailable(context: &'static str, reason: impl ToString) -> Self {
         StoreError::Unavailable {
             context,

@@ -245,7 +245,9 @@ pub(crate) async fn commit<B: Backend>(
                     .refund(&reservation, payment, reason, &req.idempotency, snap.now)
                     .await
                 {
-                    Ok(RefundWrite::Created(reply)) => return Ok(CommitOutcome::Refused(reply)),
+                    Ok(RefundWrite::Created(reply)) => {
+                        return Ok(CommitOutcome::Refunded { reply, reason })
+                    }
                     // Refunded before, maybe by a duplicate of this very
                     // request: read again so that a stored answer replays.
                     Ok(RefundWrite::Existing) => refunded_before = true,
@@ -269,7 +271,7 @@ pub(crate) async fn commit<B: Backend>(
                         ))
                     })?;
                 let reply = reply::commit_refused(reason, &current, &refund).into_reply();
-                return Ok(CommitOutcome::Refused(reply));
+                return Ok(CommitOutcome::Refused { reply, reason });
             }
         }
     }

@@ -15,7 +15,7 @@ pub use error::StoreError;
 use crate::config::{Config, DatabaseUrl};
 use crate::domain::{
     Asset, AssetId, AssetStatus, BuyerId, Event, EventId, IdempotencyKey, PaymentReference, Refund,
-    RefundId, RefundStatus, Reservation, ReservationId, Timestamp,
+    RefundId, RefundReason, RefundStatus, Reservation, ReservationId, Timestamp,
 };
 use crate::reply::Reply;
 
@@ -80,8 +80,16 @@ pub enum CommitOutcome {
     Committed(Reply),
     /// Committed before with the same payment: 200, nothing changed.
     AlreadyCommitted(Reservation),
-    /// 409 with a refund (stored for replay).
-    Refused(Reply),
+    /// 409 with the refund this request created (stored for replay).
+    Refunded {
+        reply: Reply,
+        reason: RefundReason,
+    },
+    /// 409 with the refund an earlier request created for this payment.
+    Refused {
+        reply: Reply,
+        reason: RefundReason,
+    },
     PaymentReferenceUsed(Reservation),
     Replayed(Reply),
     KeyReused,
@@ -172,6 +180,14 @@ pub struct SweepReport {
     pub purged_events: u64,
 }
 
+/// Connections of the pool, for the gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub size: usize,
+    pub in_use: usize,
+    pub waiting: usize,
+}
+
 /// Settings the store needs from the configuration.
 #[derive(Debug, Clone)]
 pub struct StoreSettings {
@@ -179,6 +195,9 @@ pub struct StoreSettings {
     pub acquire_timeout: Duration,
     pub statement_timeout: Duration,
     pub lock_timeout: Duration,
+    /// The longest any one store call may take, end to end; past it the call
+    /// is abandoned and answered 503 (it may still commit: a retry replays).
+    pub call_timeout: Duration,
     pub idempotency_retention: Duration,
     /// Delivered events older than this are purged; `None` keeps them all.
     pub event_retention: Option<Duration>,
@@ -199,6 +218,26 @@ macro_rules! dispatch {
             Store::Sqlite($store) => $call,
         }
     };
+}
+
+/// Runs a store call within the call timeout.
+macro_rules! bounded {
+    ($self:ident, $context:literal, $store:ident => $call:expr) => {{
+        let timeout = $self.settings().call_timeout;
+        let call = async {
+            match $self {
+                Store::Postgres($store) => $call.await,
+                Store::Sqlite($store) => $call.await,
+            }
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::unavailable(
+                $context,
+                format!("no answer within {timeout:?} (timeout)"),
+            )),
+        }
+    }};
 }
 
 impl Store {
@@ -223,53 +262,53 @@ impl Store {
     }
 
     pub async fn ping(&self) -> StoreResult<()> {
-        dispatch!(self, s => s.ping().await)
+        bounded!(self, "answer a ping", s => s.ping())
     }
 
     /// `None` when an asset with this id exists.
     pub async fn create_asset(&self, id: &AssetId, name: &str) -> StoreResult<Option<Asset>> {
-        dispatch!(self, s => s.create_asset(id, name).await)
+        bounded!(self, "create an asset", s => s.create_asset(id, name))
     }
 
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
-        dispatch!(self, s => s.get_asset(id).await)
+        bounded!(self, "read an asset", s => s.get_asset(id))
     }
 
     /// Up to `page.limit` assets in id order, by effective status.
     pub async fn list_assets(&self, page: &AssetPage) -> StoreResult<Vec<Asset>> {
-        dispatch!(self, s => s.list_assets(page).await)
+        bounded!(self, "list assets", s => s.list_assets(page))
     }
 
     /// `None` when the asset does not exist.
     pub async fn asset_events(&self, id: &AssetId) -> StoreResult<Option<Vec<Event>>> {
-        dispatch!(self, s => s.asset_events(id).await)
+        bounded!(self, "read an asset's events", s => s.asset_events(id))
     }
 
     pub async fn get_reservation(&self, id: &ReservationId) -> StoreResult<Option<Reservation>> {
-        dispatch!(self, s => s.get_reservation(id).await)
+        bounded!(self, "read a reservation", s => s.get_reservation(id))
     }
 
     pub async fn hold(&self, req: &HoldRequest) -> StoreResult<HoldOutcome> {
-        dispatch!(self, s => s.hold(req).await)
+        bounded!(self, "hold the asset", s => s.hold(req))
     }
 
     pub async fn commit(&self, req: &CommitRequest) -> StoreResult<CommitOutcome> {
-        dispatch!(self, s => s.commit(req).await)
+        bounded!(self, "commit the reservation", s => s.commit(req))
     }
 
     pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<ReleaseOutcome> {
-        dispatch!(self, s => s.release(req).await)
+        bounded!(self, "release the reservation", s => s.release(req))
     }
 
     pub async fn complete_refund(
         &self,
         req: &CompleteRefundRequest,
     ) -> StoreResult<CompleteRefundOutcome> {
-        dispatch!(self, s => flow::complete_refund(s, req).await)
+        bounded!(self, "complete the refund", s => flow::complete_refund(s, req))
     }
 
     pub async fn list_refunds(&self, page: &RefundPage) -> StoreResult<Vec<Refund>> {
-        dispatch!(self, s => s.list_refunds(page).await)
+        bounded!(self, "list refunds", s => s.list_refunds(page))
     }
 
     /// Events after `after` whose order is final, oldest first.
@@ -278,7 +317,7 @@ impl Store {
         after: FeedCursor,
         limit: i64,
     ) -> StoreResult<Vec<(FeedCursor, Event)>> {
-        dispatch!(self, s => s.event_feed(after, limit, false).await)
+        bounded!(self, "read the event feed", s => s.event_feed(after, limit, false))
     }
 
     /// Events parked after too many failed deliveries, oldest first.
@@ -287,12 +326,12 @@ impl Store {
         after: FeedCursor,
         limit: i64,
     ) -> StoreResult<Vec<(FeedCursor, Event)>> {
-        dispatch!(self, s => s.event_feed(after, limit, true).await)
+        bounded!(self, "read the event feed", s => s.event_feed(after, limit, true))
     }
 
     /// Schedules an event for delivery again; `None` when it does not exist.
     pub async fn redeliver(&self, id: &EventId) -> StoreResult<Option<Event>> {
-        dispatch!(self, s => s.redeliver(id).await)
+        bounded!(self, "schedule an event again", s => s.redeliver(id))
     }
 
     /// Claims up to `limit` due events; each stays claimed for `lease`.
@@ -301,11 +340,11 @@ impl Store {
         limit: i64,
         lease: Duration,
     ) -> StoreResult<Vec<Delivery>> {
-        dispatch!(self, s => s.claim_deliveries(limit, lease).await)
+        bounded!(self, "claim events to deliver", s => s.claim_deliveries(limit, lease))
     }
 
     pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
-        dispatch!(self, s => s.finish_delivery(id, result).await)
+        bounded!(self, "record a delivery", s => s.finish_delivery(id, result))
     }
 
     /// Expires lapsed holds and purges idempotency records past retention.
@@ -321,6 +360,14 @@ impl Store {
                 "backup copies the embedded SQLite database; for PostgreSQL use pg_dump".into(),
             )),
         }
+    }
+
+    pub fn settings(&self) -> &StoreSettings {
+        dispatch!(self, s => s.settings())
+    }
+
+    pub fn pool_status(&self) -> PoolStatus {
+        dispatch!(self, s => s.pool_status())
     }
 
     /// Where the data lives, for the start-up line (no credentials).

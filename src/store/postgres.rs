@@ -25,8 +25,8 @@ use super::rows::{
 use super::schema::{assets, events, refunds, reservations};
 use super::{
     AssetPage, CommitOutcome, CommitRequest, Delivery, DeliveryResult, FeedCursor, HoldOutcome,
-    HoldRequest, Idempotency, RefundPage, ReleaseOutcome, ReleaseRequest, StoreError, StoreResult,
-    StoreSettings, SweepReport,
+    HoldRequest, Idempotency, PoolStatus, RefundPage, ReleaseOutcome, ReleaseRequest, StoreError,
+    StoreResult, StoreSettings, SweepReport,
 };
 use crate::domain::{
     Asset, AssetId, AssetStatus, Event, EventId, EventType, PaymentReference, Refund, RefundId,
@@ -104,8 +104,17 @@ impl PgStore {
         format!("PostgreSQL at {tail}")
     }
 
-    pub fn pool_status(&self) -> deadpool::Status {
-        self.pool.status()
+    pub fn pool_status(&self) -> PoolStatus {
+        let status = self.pool.status();
+        PoolStatus {
+            size: status.size,
+            in_use: status.size.saturating_sub(status.available),
+            waiting: status.waiting,
+        }
+    }
+
+    pub fn settings(&self) -> &StoreSettings {
+        &self.settings
     }
 
     /// Runs pending migrations under an advisory lock, on a blocking thread.

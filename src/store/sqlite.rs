@@ -25,8 +25,8 @@ use super::rows::{
 use super::schema::{assets, events, refunds, reservations, Instant};
 use super::{
     AssetPage, CommitOutcome, CommitRequest, Delivery, DeliveryResult, FeedCursor, HoldOutcome,
-    HoldRequest, Idempotency, RefundPage, ReleaseOutcome, ReleaseRequest, StoreError, StoreResult,
-    StoreSettings, SweepReport,
+    HoldRequest, Idempotency, PoolStatus, RefundPage, ReleaseOutcome, ReleaseRequest, StoreError,
+    StoreResult, StoreSettings, SweepReport,
 };
 use crate::domain::{
     Asset, AssetId, AssetStatus, Event, EventId, EventType, PaymentReference, Refund, RefundId,
@@ -107,6 +107,22 @@ impl SqliteStore {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn settings(&self) -> &StoreSettings {
+        &self.settings
+    }
+
+    /// Readers and the writer together; r2d2 does not count its waiters.
+    pub fn pool_status(&self) -> PoolStatus {
+        let (readers, writer) = (self.readers.state(), self.writer.state());
+        let size = (readers.connections + writer.connections) as usize;
+        let idle = (readers.idle_connections + writer.idle_connections) as usize;
+        PoolStatus {
+            size,
+            in_use: size.saturating_sub(idle),
+            waiting: 0,
+        }
     }
 
     async fn read<T, F>(&self, context: &'static str, work: F) -> StoreResult<T>

@@ -1,0 +1,103 @@
+//! One span per request with its request id (taken from `X-Request-Id` when
+//! sane, else generated, and echoed back), and the duration histogram by
+//! route pattern and status class.
+
+use std::time::Instant;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::middleware::Next;
+use tracing::Instrument;
+
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// A client's request id is kept when it is 1 to 128 of `[A-Za-z0-9._:-]`.
+fn sane(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+pub async fn observe(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let started = Instant::now();
+    let request_id = req
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| sane(id))
+        .map_or_else(|| ulid::Ulid::new().to_string(), str::to_owned);
+    let method = req.method().clone();
+    let span = tracing::info_span!(
+        "request",
+        request_id = %request_id,
+        method = %method,
+        route = tracing::field::Empty,
+        asset_id = tracing::field::Empty,
+        reservation_id = tracing::field::Empty,
+        idempotency_key = tracing::field::Empty,
+    );
+    let mut response = next.call(req).instrument(span.clone()).await?;
+    // Unmatched paths share one label, so the label set stays bounded.
+    let route = response
+        .request()
+        .match_pattern()
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let status = response.status().as_u16();
+    let elapsed = started.elapsed();
+    span.record("route", route.as_str());
+    metrics::histogram!(
+        "holdfast_http_requests_duration_seconds",
+        "route" => route,
+        "method" => method.to_string(),
+        "status" => status_class(status),
+    )
+    .record(elapsed.as_secs_f64());
+    span.in_scope(|| {
+        tracing::debug!(
+            status,
+            elapsed_ms = elapsed.as_secs_f64() * 1000.0,
+            "request done"
+        )
+    });
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_kept_only_when_sane() {
+        assert!(sane("req-01HZX4C6W0R1"));
+        assert!(sane("a.b_c:d-e"));
+        assert!(!sane(""));
+        assert!(!sane("has space"));
+        assert!(!sane("newline\n"));
+        assert!(!sane(&"x".repeat(129)));
+    }
+
+    #[test]
+    fn status_classes() {
+        assert_eq!(status_class(201), "2xx");
+        assert_eq!(status_class(409), "4xx");
+        assert_eq!(status_class(503), "5xx");
+    }
+}
