@@ -11,6 +11,8 @@ mod idempotency;
 mod janitor;
 mod migrations;
 mod openapi;
+mod operations;
+mod proxy;
 mod races;
 mod receiver;
 mod releases;
