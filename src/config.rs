@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::domain::HoldBounds;
+use crate::http::access::KeyRing;
 use crate::store::StoreSettings;
 
 /// Every setting of the service. Each flag has a `HOLDFAST_*` variable.
@@ -146,6 +147,37 @@ pub struct Config {
         global = true
     )]
     pub dispatch_interval_ms: u64,
+
+    /// API keys, `name:role:sha256-hex-of-token`, comma separated (see
+    /// `holdfast keys new`). With none here or in the file: open mode.
+    #[arg(long, env = "HOLDFAST_API_KEYS", hide_env_values = true, global = true)]
+    pub api_keys: Option<Secret>,
+
+    /// A file of API key entries, one per line (`#` starts a comment).
+    #[arg(long, env = "HOLDFAST_API_KEYS_FILE", global = true)]
+    pub api_keys_file: Option<PathBuf>,
+
+    /// Origins allowed to call from a browser, comma separated; unset: no CORS.
+    #[arg(long, env = "HOLDFAST_CORS_ORIGINS", global = true)]
+    pub cors_origins: Option<String>,
+
+    /// Most live holds one buyer of one client may have at once; 0: no limit.
+    #[arg(
+        long,
+        env = "HOLDFAST_MAX_HOLDS_PER_BUYER",
+        default_value_t = 5,
+        global = true
+    )]
+    pub max_holds_per_buyer: u32,
+
+    /// Requests per second allowed per client (API key, or address in open
+    /// mode); unset: no limit.
+    #[arg(long, env = "HOLDFAST_RATE_LIMIT_PER_SECOND", global = true)]
+    pub rate_limit_per_second: Option<u32>,
+
+    /// Requests a client may send in a burst above the rate; default: the rate.
+    #[arg(long, env = "HOLDFAST_RATE_LIMIT_BURST", global = true)]
+    pub rate_limit_burst: Option<u32>,
 
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "HOLDFAST_MAX_BODY_BYTES", default_value_t = 16 * 1024, global = true)]
@@ -291,6 +323,12 @@ impl Config {
             webhook_retry_base_ms: 2000,
             webhook_retry_max_seconds: 3600,
             dispatch_interval_ms: 500,
+            api_keys: None,
+            api_keys_file: None,
+            cors_origins: None,
+            max_holds_per_buyer: 5,
+            rate_limit_per_second: None,
+            rate_limit_burst: None,
             max_body_bytes: 16 * 1024,
             db_pool_size: 16,
             db_acquire_timeout_ms: 2000,
@@ -385,6 +423,17 @@ impl Config {
                 "must be at least 1 (or unset to keep events)",
             ));
         }
+        if let Some(origins) = self.cors_origins() {
+            if let Some(bad) = origins
+                .iter()
+                .find(|o| !(o.starts_with("http://") || o.starts_with("https://")))
+            {
+                return Err(invalid(
+                    "HOLDFAST_CORS_ORIGINS",
+                    format!("{bad:?} is not an http(s) origin"),
+                ));
+            }
+        }
         if self.max_body_bytes < 64 {
             return Err(invalid("HOLDFAST_MAX_BODY_BYTES", "must be at least 64"));
         }
@@ -425,6 +474,65 @@ impl Config {
             "HOLDFAST_DATABASE_URL",
             format!("{url:?} is neither sqlite://PATH nor postgres://…"),
         ))
+    }
+
+    /// The configured API keys (from the variable and the file together).
+    pub fn key_ring(&self) -> Result<KeyRing, ConfigError> {
+        let mut text = self
+            .api_keys
+            .as_ref()
+            .map(|s| s.expose().to_owned())
+            .unwrap_or_default();
+        if let Some(path) = &self.api_keys_file {
+            let file = std::fs::read_to_string(path).map_err(|e| {
+                invalid(
+                    "HOLDFAST_API_KEYS_FILE",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            text.push('\n');
+            text.push_str(&file);
+        }
+        KeyRing::parse(&text).map_err(|e| invalid("HOLDFAST_API_KEYS", e))
+    }
+
+    /// Checks the keys against the bind address: without keys the service
+    /// runs unauthenticated, which is only allowed on a loopback address.
+    pub fn check_access(&self) -> Result<KeyRing, ConfigError> {
+        let keys = self.key_ring()?;
+        if keys.is_open() && !self.bind.ip().is_loopback() {
+            return Err(invalid(
+                "HOLDFAST_API_KEYS",
+                format!(
+                    "no API keys are configured, and {} is not a loopback address: \
+                     configure keys (holdfast keys new) or bind to 127.0.0.1",
+                    self.bind
+                ),
+            ));
+        }
+        Ok(keys)
+    }
+
+    pub fn cors_origins(&self) -> Option<Vec<String>> {
+        let origins: Vec<String> = self
+            .cors_origins
+            .as_deref()?
+            .split(',')
+            .map(str::trim)
+            .filter(|o| !o.is_empty())
+            .map(str::to_owned)
+            .collect();
+        (!origins.is_empty()).then_some(origins)
+    }
+
+    /// Requests per second and burst, when rate limiting is on.
+    pub fn rate_limit(&self) -> Option<(u32, u32)> {
+        let rate = self.rate_limit_per_second.filter(|r| *r > 0)?;
+        Some((rate, self.rate_limit_burst.unwrap_or(rate).max(1)))
+    }
+
+    pub fn max_live_holds(&self) -> Option<i64> {
+        (self.max_holds_per_buyer > 0).then_some(i64::from(self.max_holds_per_buyer))
     }
 
     pub fn hold_bounds(&self) -> HoldBounds {
@@ -481,6 +589,16 @@ mod tests {
         c = Config::with_database("sqlite://x.db");
         c.hold_seconds = 10;
         assert_eq!(c.validate().unwrap_err().setting, "HOLDFAST_HOLD_SECONDS");
+    }
+
+    #[test]
+    fn open_mode_only_on_loopback() {
+        let mut c = Config::with_database("sqlite://x.db");
+        assert!(c.check_access().unwrap().is_open());
+        c.bind = "0.0.0.0:8080".parse().unwrap();
+        assert_eq!(c.check_access().unwrap_err().setting, "HOLDFAST_API_KEYS");
+        c.api_keys = Some(Secret::new(format!("ops:admin:{}", "ab".repeat(32))));
+        assert_eq!(c.check_access().unwrap().len(), 1);
     }
 
     #[test]

@@ -52,6 +52,17 @@ impl Application {
     /// the database, binds the listener and starts the janitor.
     pub async fn build(config: Config, migrate: bool) -> Result<Self, StartError> {
         config.validate()?;
+        let keys = config.check_access()?;
+        if keys.is_open() {
+            tracing::warn!(
+                "OPEN MODE: no API keys are configured, so anyone who can reach {} may call every operation. \
+                 Configure HOLDFAST_API_KEYS before exposing holdfast.",
+                config.bind
+            );
+        } else {
+            tracing::info!(keys = keys.len(), "API keys configured");
+        }
+        let guard = web::Data::new(http::access::Guard::new(keys, config.rate_limit()));
         let store = Store::open(&config).await?;
         if migrate {
             store.migrate().await?;
@@ -91,15 +102,16 @@ impl Application {
             config,
         });
         crate::telemetry::metrics();
-        let server = HttpServer::new(move || http::app(state.clone(), routes.clone()))
-            .workers(threads)
-            .shutdown_timeout(grace)
-            .listen(listener)
-            .map_err(|source| StartError::Bind {
-                addr: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
-                source,
-            })?
-            .run();
+        let server =
+            HttpServer::new(move || http::app(state.clone(), routes.clone(), guard.clone()))
+                .workers(threads)
+                .shutdown_timeout(grace)
+                .listen(listener)
+                .map_err(|source| StartError::Bind {
+                    addr: std::net::SocketAddr::from(([0, 0, 0, 0], port)),
+                    source,
+                })?
+                .run();
         Ok(Self {
             server,
             port,

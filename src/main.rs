@@ -30,6 +30,11 @@ enum Command {
         /// Where to write the copy; must not exist yet.
         path: std::path::PathBuf,
     },
+    /// Manage API keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
     /// Deliver due events to HOLDFAST_WEBHOOK_URL.
     Dispatch {
         /// One pass (every due event once), then exit.
@@ -41,6 +46,20 @@ enum Command {
         /// One pass, then exit.
         #[arg(long)]
         once: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Print a fresh random token (once) and the entry to configure for it.
+    New {
+        /// The key's name: what idempotency and ownership are scoped by; keep
+        /// it when rotating the token.
+        #[arg(long)]
+        name: String,
+        /// admin, storefront or payments.
+        #[arg(long)]
+        role: String,
     },
 }
 
@@ -95,6 +114,18 @@ async fn run(cli: Cli) -> Result<(), String> {
             let store = open(&config).await?;
             store.backup(&path).await.map_err(|e| e.to_string())?;
             println!("backed up {} to {}", store.describe(), path.display());
+            Ok(())
+        }
+        Command::Keys {
+            command: KeysCommand::New { name, role },
+        } => {
+            let role = holdfast::http::access::Role::parse(&role)
+                .ok_or_else(|| format!("role {role:?} is not admin, storefront or payments"))?;
+            let (token, entry) = holdfast::http::access::new_key(&name, role)?;
+            // The entry alone must parse: names are checked here as at start.
+            holdfast::http::access::KeyRing::parse(&entry)?;
+            println!("token (give it to the client; it is not shown again):\n  {token}\n");
+            println!("entry (add it to HOLDFAST_API_KEYS or HOLDFAST_API_KEYS_FILE):\n  {entry}");
             Ok(())
         }
         Command::Dispatch { once } => {

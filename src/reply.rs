@@ -229,6 +229,14 @@ pub fn reservation_not_active(reservation: &Reservation) -> Problem {
     .with("reservation", reservation)
 }
 
+pub fn hold_limit_reached(limit: i64) -> Problem {
+    Problem::new(
+        ErrorCode::HoldLimitReached,
+        format!("This buyer already has {limit} live holds, the most allowed; release or commit one first."),
+    )
+    .with("limit", limit)
+}
+
 pub fn key_reused() -> Problem {
     Problem::new(
         ErrorCode::IdempotencyKeyReused,

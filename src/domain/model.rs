@@ -162,6 +162,9 @@ pub struct Reservation {
     pub payment_reference: Option<String>,
     /// Every refund triggered for this reservation, oldest first.
     pub refunds: Vec<Refund>,
+    /// The client (API key name) that created it; not shown.
+    #[serde(skip)]
+    pub owner: String,
 }
 
 impl Reservation {

@@ -11,9 +11,11 @@ use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, SchemaType, T
 use utoipa::openapi::{OpenApi, Ref, RefOr};
 use utoipa::IntoParams;
 
+use super::access::{self, Rule};
 use super::error::PROBLEM_JSON;
 use crate::domain::{AssetStatus, FieldError};
 use crate::reply::{self, ErrorCode, Problem};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 
 /// The `Idempotency-Key` request header.
 #[derive(IntoParams)]
@@ -47,6 +49,11 @@ const KEYED_BODY: &[(u16, &[ErrorCode])] = &[
     (422, &[ValidationFailed, IdempotencyKeyReused]),
 ];
 const DATABASE: &[(u16, &[ErrorCode])] = &[(503, &[ServiceUnavailable])];
+const GUARDED: &[(u16, &[ErrorCode])] = &[
+    (401, &[Unauthenticated]),
+    (403, &[Forbidden]),
+    (429, &[RateLimited]),
+];
 
 /// The problems each operation can answer, by status.
 fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
@@ -89,8 +96,17 @@ fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
         }
         _ => &[],
     };
-    let mut all: Vec<(u16, &'static [ErrorCode])> =
-        own.iter().chain(body).chain(DATABASE).copied().collect();
+    let guarded: &[(u16, &[ErrorCode])] = match access::rule(operation_id) {
+        Some(Rule::Roles(_)) => GUARDED,
+        _ => &[],
+    };
+    let mut all: Vec<(u16, &'static [ErrorCode])> = own
+        .iter()
+        .chain(body)
+        .chain(guarded)
+        .chain(DATABASE)
+        .copied()
+        .collect();
     all.sort_by_key(|(status, _)| *status);
     all
 }
@@ -114,6 +130,7 @@ fn example(code: ErrorCode) -> Value {
         RefundNotFound => reply::refund_not_found(),
         EventNotFound => reply::event_not_found(),
         ServiceUnavailable => reply::service_unavailable(),
+        HoldLimitReached => reply::hold_limit_reached(5),
         other => Problem::new(other, describe(other)),
     };
     serde_json::from_str(&problem.into_reply().body).unwrap_or(Value::Null)
@@ -201,7 +218,7 @@ fn add_problems(operation: &mut Operation) {
                 .example(Some(example(codes[0])))
                 .build(),
         );
-        if status == 503 {
+        if status == 503 || status == 429 {
             response = response.header(
                 "Retry-After",
                 HeaderBuilder::new()
@@ -215,6 +232,36 @@ fn add_problems(operation: &mut Operation) {
             .responses
             .insert(status.to_string(), RefOr::T(response.build()));
     }
+    if let Some(Rule::Roles(roles)) = access::rule(&id) {
+        operation.security = Some(vec![SecurityRequirement::new(BEARER, Vec::<String>::new())]);
+        let roles = roles
+            .iter()
+            .map(|r| r.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let note = format!("\n\nRoles: {roles}.");
+        operation.description = Some(operation.description.take().unwrap_or_default() + &note);
+    }
+}
+
+/// The scheme name of API keys in the document.
+pub const BEARER: &str = "api_key";
+
+/// Declares the bearer scheme: `Authorization: Bearer <token>`.
+pub fn document_security(api: &mut OpenApi) {
+    let components = api.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        BEARER,
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "An API key from `holdfast keys new`, sent as `Authorization: Bearer <token>`. \
+                     Without configured keys (open mode, loopback only) none is needed.",
+                ))
+                .build(),
+        ),
+    );
 }
 
 #[cfg(test)]

@@ -19,6 +19,8 @@ pub enum ApiError {
     Problem(Problem),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("rate limited for {retry_after} s")]
+    Limited { retry_after: u64 },
 }
 
 impl From<Problem> for ApiError {
@@ -41,10 +43,24 @@ impl ResponseError for ApiError {
             }
             ApiError::Store(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
+        if let ApiError::Limited { retry_after } = self {
+            let mut response = respond(
+                Problem::new(
+                    ErrorCode::RateLimited,
+                    "Too many requests from this client; see Retry-After.",
+                )
+                .into_reply(),
+            );
+            if let Ok(value) = HeaderValue::from_str(&retry_after.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            return response;
+        }
         let problem = match self {
             ApiError::Problem(p) => p.clone(),
             ApiError::Store(e) if e.is_unavailable() => {
@@ -60,6 +76,7 @@ impl ResponseError for ApiError {
                     "An internal error occurred; nothing about it is shown here.",
                 )
             }
+            ApiError::Limited { .. } => Problem::new(ErrorCode::RateLimited, "Too many requests."),
         };
         respond(problem.into_reply())
     }

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::access::Caller;
 use super::error::ApiError;
 use super::AppState;
 use crate::domain::{FieldError, IdempotencyKey};
@@ -38,23 +39,23 @@ impl FromRequest for IdempotencyKeyHeader {
     }
 }
 
-/// Who is calling: the scope of idempotency keys. Without API keys there is
-/// one shared scope.
-pub struct Caller {
-    pub scope: String,
-}
-
+/// Who is calling, as the guard found it (open mode: one shared caller).
 impl FromRequest for Caller {
     type Error = ApiError;
     type Future = std::future::Ready<Result<Self, ApiError>>;
 
-    fn from_request(_: &HttpRequest, _: &mut Payload) -> Self::Future {
-        std::future::ready(Ok(Caller {
-            scope: String::from("-"),
-        }))
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        use actix_web::HttpMessage;
+        let caller = req
+            .extensions()
+            .get::<Caller>()
+            .cloned()
+            .unwrap_or_else(Caller::open);
+        std::future::ready(Ok(caller))
     }
 }
 
+/// Idempotency keys are scoped by the caller's key name.
 impl Caller {
     /// Binds the key to this exact request: method, route, path parameters
     /// and the canonical JSON body.
@@ -79,7 +80,7 @@ impl Caller {
         let digest = hash.finalize();
         let fingerprint = digest.iter().map(|b| format!("{b:02x}")).collect();
         Idempotency {
-            scope: self.scope.clone(),
+            scope: self.name.clone(),
             key: key.0,
             fingerprint,
         }

@@ -1,6 +1,7 @@
 //! The HTTP layer: parses and validates, calls one store use case, and maps
 //! its typed outcome to a status and body.
 
+pub mod access;
 mod assets;
 mod docs;
 pub mod error;
@@ -120,6 +121,7 @@ pub fn openapi() -> OpenApiDoc {
         .split_for_parts();
     api.info.version = env!("CARGO_PKG_VERSION").to_owned();
     docs::document_problems(&mut api);
+    docs::document_security(&mut api);
     api
 }
 
@@ -127,6 +129,7 @@ pub fn openapi() -> OpenApiDoc {
 pub fn app(
     state: web::Data<AppState>,
     routes: web::Data<RouteTable>,
+    guard: web::Data<access::Guard>,
 ) -> actix_web::App<
     impl actix_web::dev::ServiceFactory<
         actix_web::dev::ServiceRequest,
@@ -137,12 +140,14 @@ pub fn app(
     >,
 > {
     let limit = state.config.max_body_bytes;
+    let cors = cors(&state.config);
     let (app, _) = actix_web::App::new()
         .into_utoipa_app()
         .configure(configure)
         .split_for_parts();
     app.app_data(state)
         .app_data(routes)
+        .app_data(guard)
         .app_data(web::PayloadConfig::new(limit))
         .app_data(web::QueryConfig::default().error_handler(|e, _| {
             ApiError::from(crate::reply::validation_failed(vec![FieldError::new(
@@ -161,7 +166,36 @@ pub fn app(
                 .config(utoipa_swagger_ui::Config::new(["/openapi.json"]).validator_url("none")),
         )
         .default_service(web::to(fallback))
+        .wrap(actix_web::middleware::from_fn(access::guard))
+        .wrap(actix_web::middleware::Condition::new(
+            cors.is_some(),
+            cors.unwrap_or_default(),
+        ))
         .wrap(actix_web::middleware::from_fn(observe::observe))
+}
+
+/// CORS for browser front ends, when origins are configured.
+fn cors(config: &Config) -> Option<actix_cors::Cors> {
+    let origins = config.cors_origins()?;
+    let mut cors = actix_cors::Cors::default()
+        .allowed_methods(["GET", "POST"])
+        .allowed_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::HeaderName::from_static("idempotency-key"),
+            header::HeaderName::from_static("x-request-id"),
+        ])
+        .expose_headers([
+            header::LOCATION,
+            header::RETRY_AFTER,
+            header::HeaderName::from_static("idempotent-replayed"),
+            header::HeaderName::from_static("x-request-id"),
+        ])
+        .max_age(600);
+    for origin in origins {
+        cors = cors.allowed_origin(&origin);
+    }
+    Some(cors)
 }
 
 /// This document (OpenAPI 3.1).
@@ -203,50 +237,63 @@ async fn get_docs() -> HttpResponse {
         .finish()
 }
 
-/// Known paths and their methods, so an unknown method gets 405 with `Allow`.
+/// Known paths, their methods and operations: for 405 with `Allow`, and for
+/// the access rules.
 pub struct RouteTable {
-    routes: Vec<(ResourceDef, Vec<Method>)>,
+    routes: Vec<(ResourceDef, Vec<(Method, String)>)>,
 }
 
 impl RouteTable {
     pub fn from_openapi(api: &OpenApiDoc) -> Self {
-        let mut routes: Vec<(ResourceDef, Vec<Method>)> = api
+        let mut routes: Vec<(ResourceDef, Vec<(Method, String)>)> = api
             .paths
             .paths
             .iter()
-            .map(|(path, item)| (ResourceDef::new(path.as_str()), methods(item)))
+            .map(|(path, item)| (ResourceDef::new(path.as_str()), operations(item)))
             .collect();
-        routes.push((ResourceDef::new("/docs/{_:.*}"), vec![Method::GET]));
+        // Swagger UI's files: what GET /docs documents.
+        routes.push((
+            ResourceDef::new("/docs/{_:.*}"),
+            vec![(Method::GET, "get_docs".to_owned())],
+        ));
         Self { routes }
     }
 
-    fn allowed(&self, path: &str) -> Option<&[Method]> {
+    fn route(&self, path: &str) -> Option<&[(Method, String)]> {
         self.routes
             .iter()
             .find(|(def, _)| def.is_match(path))
             .map(|(_, m)| m.as_slice())
     }
+
+    /// The operationId serving `method` on `path`, if any.
+    pub fn operation(&self, method: &Method, path: &str) -> Option<&str> {
+        self.route(path)?
+            .iter()
+            .find(|(m, _)| m == method)
+            .map(|(_, id)| id.as_str())
+    }
 }
 
-fn methods(item: &PathItem) -> Vec<Method> {
+fn operations(item: &PathItem) -> Vec<(Method, String)> {
     [
-        (Method::GET, item.get.is_some()),
-        (Method::POST, item.post.is_some()),
-        (Method::PUT, item.put.is_some()),
-        (Method::PATCH, item.patch.is_some()),
-        (Method::DELETE, item.delete.is_some()),
+        (Method::GET, &item.get),
+        (Method::POST, &item.post),
+        (Method::PUT, &item.put),
+        (Method::PATCH, &item.patch),
+        (Method::DELETE, &item.delete),
     ]
     .into_iter()
-    .filter_map(|(m, present)| present.then_some(m))
+    .filter_map(|(m, op)| Some((m, op.as_ref()?.operation_id.clone().unwrap_or_default())))
     .collect()
 }
 
 async fn fallback(req: HttpRequest, routes: web::Data<RouteTable>) -> HttpResponse {
-    match routes.allowed(req.path()) {
+    match routes.route(req.path()) {
         Some(methods) => {
             let allow = methods
                 .iter()
-                .map(Method::as_str)
+                .map(|(m, _)| m.as_str())
                 .collect::<Vec<_>>()
                 .join(", ");
             let mut response = respond(

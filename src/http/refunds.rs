@@ -4,9 +4,10 @@ use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::access::Caller;
 use super::docs::IdempotencyKeyParam;
 use super::error::{respond, ApiError};
-use super::extract::{Caller, IdempotencyKeyHeader, JsonBody, Validator};
+use super::extract::{IdempotencyKeyHeader, JsonBody, Validator};
 use super::AppState;
 use crate::domain::{Refund, RefundId, RefundStatus};
 use crate::reply::{self, Reply};

@@ -4,9 +4,10 @@ use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
+use super::access::Caller;
 use super::docs::IdempotencyKeyParam;
 use super::error::{respond, ApiError};
-use super::extract::{Caller, IdempotencyKeyHeader, JsonBody, Validator};
+use super::extract::{IdempotencyKeyHeader, JsonBody, Validator};
 use super::AppState;
 use crate::domain::RefundReason;
 use crate::domain::{AssetId, BuyerId, PaymentReference, Reservation, ReservationId};
@@ -104,6 +105,8 @@ pub async fn hold_asset(
         asset_id,
         buyer_id,
         hold_seconds,
+        owner: caller.name.clone(),
+        max_live_holds: state.config.max_live_holds(),
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
     Ok(match state.store.hold(&request).await? {
@@ -132,6 +135,10 @@ pub async fn hold_asset(
             count("holdfast_holds_total", "conflict");
             return Err(reply::asset_unavailable(status, hold_expires_at).into());
         }
+        HoldOutcome::LimitReached { limit } => {
+            count("holdfast_holds_total", "limit_reached");
+            return Err(reply::hold_limit_reached(limit).into());
+        }
     })
 }
 
@@ -147,12 +154,17 @@ pub async fn hold_asset(
 #[get("/v1/reservations/{reservation_id}")]
 pub async fn get_reservation(
     state: web::Data<AppState>,
+    caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = reservation_id(&path)?;
+    let visible_to = caller.owner_filter();
     match state.store.get_reservation(&id).await? {
-        Some(r) => Ok(respond(Reply::json(200, &r))),
-        None => Err(reply::reservation_not_found().into()),
+        // Another storefront's reservation does not exist for this caller.
+        Some(r) if visible_to.as_ref().is_none_or(|o| &r.owner == o) => {
+            Ok(respond(Reply::json(200, &r)))
+        }
+        _ => Err(reply::reservation_not_found().into()),
     }
 }
 
@@ -257,6 +269,7 @@ pub async fn release_reservation(
 ) -> Result<HttpResponse, ApiError> {
     let request = ReleaseRequest {
         reservation_id: record_reservation(reservation_id(&path)?, &key),
+        visible_to: caller.owner_filter(),
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
     const RELEASES: &str = "holdfast_releases_total";

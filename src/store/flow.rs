@@ -41,6 +41,16 @@ pub(crate) struct HoldDraft<'a> {
     pub event_id: EventId,
 }
 
+/// What a hold's write found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claim {
+    Claimed,
+    /// Taken meanwhile: read again.
+    Taken,
+    /// The buyer is at the limit of live holds; nothing written.
+    LimitReached,
+}
+
 /// What a refund write found.
 #[derive(Debug)]
 pub(crate) enum RefundWrite {
@@ -59,12 +69,13 @@ pub(crate) trait Backend {
     ) -> impl Future<Output = StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>>> + Send;
 
     /// Claims the asset for the draft; with `reclaim`, first expires its
-    /// lapsed hold in the same transaction. `false` when the asset was taken.
+    /// lapsed hold in the same transaction. With a per-buyer limit, the
+    /// buyer's live holds are counted under a lock of that buyer's own.
     fn claim(
         &self,
         draft: &HoldDraft<'_>,
         reclaim: bool,
-    ) -> impl Future<Output = StoreResult<bool>> + Send;
+    ) -> impl Future<Output = StoreResult<Claim>> + Send;
 
     /// The stored reservation (without refunds) and the stored answer.
     fn reservation_snapshot(
@@ -175,6 +186,7 @@ pub(crate) async fn hold<B: Backend>(backend: &B, req: &HoldRequest) -> StoreRes
             released_at: None,
             payment_reference: None,
             refunds: Vec::new(),
+            owner: req.owner.clone(),
         };
         let draft = HoldDraft {
             request: req,
@@ -183,9 +195,14 @@ pub(crate) async fn hold<B: Backend>(backend: &B, req: &HoldRequest) -> StoreRes
             event_id: EventId::generate(),
         };
         match backend.claim(&draft, reclaim).await {
-            Ok(true) => return Ok(HoldOutcome::Created(draft.reply)),
+            Ok(Claim::Claimed) => return Ok(HoldOutcome::Created(draft.reply)),
+            Ok(Claim::LimitReached) => {
+                return Ok(HoldOutcome::LimitReached {
+                    limit: req.max_live_holds.unwrap_or_default(),
+                })
+            }
             // Taken meanwhile, or the key was used concurrently: look again.
-            Ok(false) => continue,
+            Ok(Claim::Taken) => continue,
             Err(e) if is_unique_violation(&e) => continue,
             Err(e) => return Err(e),
         }
@@ -292,7 +309,10 @@ pub(crate) async fn release<B: Backend>(
                 Err(()) => ReleaseOutcome::KeyReused,
             });
         }
-        let Some(stored) = snap.row else {
+        let Some(stored) = snap
+            .row
+            .filter(|r| req.visible_to.as_ref().is_none_or(|o| &r.owner == o))
+        else {
             return Ok(ReleaseOutcome::NotFound);
         };
         let reservation = stored.effective(snap.now);

@@ -54,6 +54,10 @@ pub struct HoldRequest {
     pub buyer_id: BuyerId,
     pub hold_seconds: i64,
     pub idempotency: Idempotency,
+    /// The client (API key name) holding on the buyer's behalf.
+    pub owner: String,
+    /// Most live holds one (owner, buyer) may have; `None` for no limit.
+    pub max_live_holds: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -65,6 +69,10 @@ pub enum HoldOutcome {
     Unavailable {
         status: AssetStatus,
         hold_expires_at: Option<Timestamp>,
+    },
+    /// The buyer already has the most live holds allowed; nothing changed.
+    LimitReached {
+        limit: i64,
     },
 }
 
@@ -100,6 +108,8 @@ pub enum CommitOutcome {
 pub struct ReleaseRequest {
     pub reservation_id: ReservationId,
     pub idempotency: Idempotency,
+    /// Only reservations of this owner exist for the caller; `None` sees all.
+    pub visible_to: Option<String>,
 }
 
 #[derive(Debug)]

@@ -16,7 +16,7 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use futures_util::FutureExt;
 
 use super::error::{Abort, Context};
-use super::flow::{self, Backend, HoldDraft, RefundWrite, Snapshot};
+use super::flow::{self, Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
     parse_reservation_id, parse_status, Claimed, ClaimedRow, EventRow, FeedRow, HoldSnapshotRow,
     KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow,
@@ -535,28 +535,26 @@ impl Backend for PgStore {
         })
     }
 
-    async fn claim(&self, draft: &HoldDraft<'_>, reclaim: bool) -> StoreResult<bool> {
+    async fn claim(&self, draft: &HoldDraft<'_>, reclaim: bool) -> StoreResult<Claim> {
         let mut conn = self.conn().await?;
-        if !reclaim {
+        let limit = draft.request.max_live_holds;
+        if !reclaim && limit.is_none() {
+            // The fast path: one statement, its own transaction.
             return claim_available(&mut conn, draft).await;
         }
         let now = draft.reservation.created_at;
-        let asset = draft.request.asset_id.as_str();
-        let result = conn
-            .transaction(async |c| {
-                expire_lapsed(c, Some(asset), now, 1).await?;
-                if claim_available(c, draft).await? {
-                    Ok(())
-                } else {
-                    Err(Abort::Retry)
-                }
-            })
-            .await;
-        match result {
-            Ok(()) => Ok(true),
-            Err(Abort::Retry) => Ok(false),
-            Err(Abort::Failed(e)) => Err(e),
-        }
+        // Whatever the claim finds, what ran before it (the buyer's lock, the
+        // expiry of a lapsed hold) may commit: the claim itself wrote nothing.
+        conn.transaction(async |c| {
+            if limit.is_some() {
+                lock_buyer(c, &draft.reservation.owner, &draft.reservation.buyer_id).await?;
+            }
+            if reclaim {
+                expire_lapsed(c, Some(&draft.reservation.asset_id), now, 1).await?;
+            }
+            claim_available(c, draft).await
+        })
+        .await
     }
 
     async fn reservation_snapshot(
@@ -567,7 +565,7 @@ impl Backend for PgStore {
         let mut conn = self.conn().await?;
         let row = sql_query(
             "SELECT now() AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at, \
-                    r.committed_at, r.released_at, r.payment_reference, \
+                    r.committed_at, r.released_at, r.payment_reference, r.owner, \
                     i.fingerprint, i.status_code, i.body, i.location \
              FROM (SELECT 1) AS one \
              LEFT JOIN reservations r ON r.id = $1 \
@@ -765,10 +763,29 @@ async fn finish_transition(
     }
 }
 
-/// The hold itself: one statement that claims an AVAILABLE asset and writes
-/// the reservation, its event and the stored answer. A taken asset makes it
-/// write nothing; a key used concurrently fails it whole (unique violation).
-async fn claim_available(conn: &mut AsyncPgConnection, draft: &HoldDraft<'_>) -> StoreResult<bool> {
+/// Locks the (owner, buyer) row until the end of the transaction, so that
+/// one buyer's holds are counted one at a time while others run in parallel.
+async fn lock_buyer(conn: &mut AsyncPgConnection, owner: &str, buyer: &str) -> StoreResult<()> {
+    sql_query(
+        "INSERT INTO buyer_locks (owner, buyer_id) VALUES ($1, $2) \
+         ON CONFLICT (owner, buyer_id) DO UPDATE SET owner = EXCLUDED.owner",
+    )
+    .bind::<Text, _>(owner)
+    .bind::<Text, _>(buyer)
+    .execute(conn)
+    .await
+    .context("lock the buyer")?;
+    Ok(())
+}
+
+/// The hold itself: one statement that claims an AVAILABLE asset, unless the
+/// buyer is at the limit of live holds, and writes the reservation, its event
+/// and the stored answer. A taken asset makes it write nothing; a key used
+/// concurrently fails it whole (unique violation).
+async fn claim_available(
+    conn: &mut AsyncPgConnection,
+    draft: &HoldDraft<'_>,
+) -> StoreResult<Claim> {
     let r = &draft.reservation;
     let idem = &draft.request.idempotency;
     let row = sql_query(HOLD_SQL)
@@ -784,23 +801,37 @@ async fn claim_available(conn: &mut AsyncPgConnection, draft: &HoldDraft<'_>) ->
         .bind::<Text, _>(&idem.fingerprint)
         .bind::<Integer, _>(i32::from(draft.reply.status))
         .bind::<Nullable<Text>, _>(draft.reply.location.as_deref())
+        .bind::<Text, _>(&r.owner)
+        .bind::<Nullable<BigInt>, _>(draft.request.max_live_holds)
         .get_result::<Claimed>(conn)
         .await
         .context("hold the asset")?;
-    Ok(row.claimed > 0)
+    Ok(if row.claimed > 0 {
+        Claim::Claimed
+    } else if row.limit_reached {
+        Claim::LimitReached
+    } else {
+        Claim::Taken
+    })
 }
 
-/// The hold statement (also what the benchmark's SQL ceiling runs).
+/// The hold statement (also what the benchmark's SQL ceiling runs). With a
+/// limit ($14) it runs after `lock_buyer` in the same transaction, so its
+/// count of the buyer's live holds is current.
 pub const HOLD_SQL: &str = "\
-WITH claimed AS (
+WITH live AS (
+    SELECT count(*) AS holds FROM reservations
+     WHERE $14::bigint IS NOT NULL AND owner = $13 AND buyer_id = $3 AND status = 'HELD' AND expires_at > $4
+), claimed AS (
     UPDATE assets
        SET status = 'HELD', hold_expires_at = $5, current_reservation_id = $2,
            version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $4
      WHERE id = $1 AND status = 'AVAILABLE'
+       AND ($14::bigint IS NULL OR (SELECT holds FROM live) < $14)
  RETURNING id, last_event_sequence
 ), reservation AS (
-    INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at)
-    SELECT $2, id, $3, 'HELD', $5, $4 FROM claimed
+    INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, owner)
+    SELECT $2, id, $3, 'HELD', $5, $4, $13 FROM claimed
  RETURNING id
 ), event AS (
     INSERT INTO events (id, asset_id, sequence, type, data, created_at)
@@ -809,7 +840,8 @@ WITH claimed AS (
     INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at)
     SELECT $8, $9, $10, $11, $7, $12, id, $4 FROM reservation
 )
-SELECT count(*) AS claimed FROM claimed";
+SELECT (SELECT count(*) FROM claimed) AS claimed,
+       coalesce($14::bigint IS NOT NULL AND (SELECT holds FROM live) >= $14, false) AS limit_reached";
 
 /// Expires lapsed holds (of one asset, or up to `limit` of any) as of `now`:
 /// each asset back to AVAILABLE, its HELD reservation EXPIRED, one event each.

@@ -69,6 +69,7 @@ pub(crate) struct ReservationRow {
     pub(crate) committed_at: Option<Timestamp>,
     pub(crate) released_at: Option<Timestamp>,
     pub(crate) payment_reference: Option<String>,
+    pub(crate) owner: String,
 }
 
 impl ReservationRow {
@@ -85,6 +86,7 @@ impl ReservationRow {
             released_at: self.released_at,
             payment_reference: self.payment_reference,
             refunds: Vec::new(),
+            owner: self.owner,
         })
     }
 }
@@ -118,6 +120,8 @@ pub(crate) struct MaybeReservationRow {
     pub(crate) released_at: Option<Timestamp>,
     #[diesel(sql_type = Nullable<Text>)]
     pub(crate) payment_reference: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) owner: Option<String>,
 }
 
 impl MaybeReservationRow {
@@ -150,6 +154,7 @@ impl MaybeReservationRow {
             committed_at: self.committed_at,
             released_at: self.released_at,
             payment_reference: self.payment_reference,
+            owner: self.owner.unwrap_or_default(),
         }
         .into_reservation()
         .map(Some)
@@ -206,6 +211,8 @@ pub(crate) struct ReservationSnapshotRow {
 pub(crate) struct Claimed {
     #[diesel(sql_type = BigInt)]
     pub(crate) claimed: i64,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub(crate) limit_reached: bool,
 }
 
 #[derive(Selectable, Queryable, QueryableByName)]

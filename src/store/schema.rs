@@ -77,6 +77,7 @@ diesel::table! {
         committed_at -> Nullable<Instant>,
         released_at -> Nullable<Instant>,
         payment_reference -> Nullable<Text>,
+        owner -> Text,
     }
 }
 

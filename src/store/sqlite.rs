@@ -16,7 +16,7 @@ use diesel::sqlite::SqliteConnection;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::error::{Abort, Context};
-use super::flow::{self, Backend, HoldDraft, RefundWrite, Snapshot};
+use super::flow::{self, Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
     parse_reservation_id, parse_status, ClaimedRow, EventRow, FeedRow, HoldSnapshotRow,
     KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow,
@@ -619,14 +619,30 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn claim(&self, draft: &HoldDraft<'_>, reclaim: bool) -> StoreResult<bool> {
+    async fn claim(&self, draft: &HoldDraft<'_>, reclaim: bool) -> StoreResult<Claim> {
         let r = draft.reservation.clone();
         let idem = draft.request.idempotency.clone();
         let reply = draft.reply.clone();
         let event_id = draft.event_id.to_string();
+        let limit = draft.request.max_live_holds;
         let result = self
             .write("hold the asset", move |c| {
                 let now = r.created_at;
+                if let Some(limit) = limit {
+                    // Writes are serialised: this count is current.
+                    let live = sql_query(
+                        "SELECT count(*) AS n FROM reservations \
+                         WHERE owner = ? AND buyer_id = ? AND status = 'HELD' AND expires_at > ?",
+                    )
+                    .bind::<Text, _>(&r.owner)
+                    .bind::<Text, _>(&r.buyer_id)
+                    .bind::<Instant, _>(now)
+                    .get_result::<Count>(c)
+                    .context("count the buyer's live holds")?;
+                    if live.n >= limit {
+                        return Ok(Claim::LimitReached);
+                    }
+                }
                 if reclaim {
                     expire_lapsed(c, Some(&r.asset_id), now, 1)?;
                 }
@@ -646,14 +662,15 @@ impl Backend for SqliteStore {
                     return Err(Abort::Retry);
                 };
                 sql_query(
-                    "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at) \
-                     VALUES (?, ?, ?, 'HELD', ?, ?)",
+                    "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, owner) \
+                     VALUES (?, ?, ?, 'HELD', ?, ?, ?)",
                 )
                 .bind::<Text, _>(&r.reservation_id)
                 .bind::<Text, _>(&r.asset_id)
                 .bind::<Text, _>(&r.buyer_id)
                 .bind::<Instant, _>(r.expires_at)
                 .bind::<Instant, _>(now)
+                .bind::<Text, _>(&r.owner)
                 .execute(c)
                 .context("record the reservation")?;
                 let mut event = NewEvent::new(
@@ -665,12 +682,12 @@ impl Backend for SqliteStore {
                 );
                 event.id = event_id;
                 record(c, &event, &idem, &reply, &r.reservation_id, now)?;
-                Ok(())
+                Ok(Claim::Claimed)
             })
             .await?;
         match result {
-            Ok(()) => Ok(true),
-            Err(Abort::Retry) => Ok(false),
+            Ok(claim) => Ok(claim),
+            Err(Abort::Retry) => Ok(Claim::Taken),
             Err(Abort::Failed(e)) => Err(e),
         }
     }
@@ -684,7 +701,7 @@ impl Backend for SqliteStore {
         self.read("read the reservation", move |c| {
             let row = sql_query(
                 "SELECT ? AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at, \
-                        r.committed_at, r.released_at, r.payment_reference, \
+                        r.committed_at, r.released_at, r.payment_reference, r.owner, \
                         i.fingerprint, i.status_code, i.body, i.location \
                  FROM (SELECT 1) AS one \
                  LEFT JOIN reservations r ON r.id = ? \
@@ -864,6 +881,12 @@ impl SqliteStore {
             Err(Abort::Failed(e)) => Err(e),
         }
     }
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
 }
 
 #[derive(QueryableByName)]

@@ -88,7 +88,7 @@ async fn commit_racing_release_ends_consistent(app: TestApp) {
     for i in 0..rounds {
         let asset = format!("CR-{i}");
         app.create_asset(&asset).await;
-        reservations.push(app.hold(&asset, "b", 300).await);
+        reservations.push(app.hold(&asset, &format!("buyer-{asset}"), 300).await);
     }
     let outcomes = join_all(reservations.iter().enumerate().map(|(i, r)| {
         let app = &app;

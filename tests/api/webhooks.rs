@@ -139,7 +139,7 @@ async fn two_dispatchers_deliver_each_event_once(app: TestApp) {
     for i in 0..40 {
         let asset = format!("W-M{i}");
         app.create_asset(&asset).await;
-        app.hold(&asset, "b", 300).await;
+        app.hold(&asset, &format!("buyer-{asset}"), 300).await;
     }
     let (a, b) = (
         dispatcher(&app, &receiver.url, 5),
@@ -255,7 +255,7 @@ async fn the_feed_pages_oldest_first_and_polls_from_its_cursor(app: TestApp) {
     for i in 0..5 {
         let asset = format!("F-{i}");
         app.create_asset(&asset).await;
-        app.hold(&asset, "b", 300).await;
+        app.hold(&asset, &format!("buyer-{asset}"), 300).await;
     }
     let (items, cursor) = follow_feed(&app, String::new(), 2, 5).await;
     let assets: Vec<&str> = items
@@ -338,7 +338,7 @@ async fn refunds_page_by_cursor(app: TestApp) {
     for i in 0..3 {
         let asset = format!("W-P{i}");
         app.create_asset(&asset).await;
-        let r = app.hold(&asset, "b", 300).await;
+        let r = app.hold(&asset, &format!("buyer-{asset}"), 300).await;
         let id = r["reservation_id"].as_str().unwrap();
         app.release(id, &format!("rel-{i}")).await;
         app.commit(id, &format!("c-{i}"), &format!("pay-p{i}"))

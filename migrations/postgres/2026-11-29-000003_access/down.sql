@@ -1,0 +1,3 @@
+DROP TABLE buyer_locks;
+DROP INDEX reservations_buyer_live_idx;
+ALTER TABLE reservations DROP COLUMN owner;

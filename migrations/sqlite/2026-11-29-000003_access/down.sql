@@ -1,0 +1,2 @@
+DROP INDEX reservations_buyer_live_idx;
+ALTER TABLE reservations DROP COLUMN owner;
