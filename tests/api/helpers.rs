@@ -113,6 +113,18 @@ impl TestApp {
         response.json().await.expect("a JSON body")
     }
 
+    pub async fn get_json_as(&self, path: &str, token: &str) -> Value {
+        let response = self
+            .client
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("GET is sent");
+        assert_eq!(response.status(), 200, "GET {path}");
+        response.json().await.expect("a JSON body")
+    }
+
     /// POST a JSON body, with an Idempotency-Key when given.
     pub async fn post(&self, path: &str, key: Option<&str>, body: &Value) -> Response {
         let mut request = self.client.post(self.url(path)).json(body);

@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod access;
 mod assets;
 mod commits;
 mod errors;

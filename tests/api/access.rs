@@ -1,0 +1,580 @@
+//! Access control: keys and roles on every operation, object-level access,
+//! idempotency scopes, the per-buyer hold limit, CORS and the rate limit.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use holdfast::config::Secret;
+use holdfast::http::access::{new_key, Role};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::backend_tests;
+use crate::helpers::{new_key as idempotency_key, Backend, TestApp};
+
+struct Keys {
+    admin: String,
+    shop: String,
+    other_shop: String,
+    payments: String,
+}
+
+async fn spawn_with_keys(
+    backend: Backend,
+    adjust: impl FnOnce(&mut holdfast::Config),
+) -> Option<(TestApp, Keys)> {
+    let (admin, a) = new_key("ops", Role::Admin).unwrap();
+    let (shop, s) = new_key("shop-a", Role::Storefront).unwrap();
+    let (other_shop, o) = new_key("shop-b", Role::Storefront).unwrap();
+    let (payments, p) = new_key("psp", Role::Payments).unwrap();
+    let app = TestApp::try_spawn_with(backend, |c| {
+        c.api_keys = Some(Secret::new(format!("{a},{s},{o},{p}")));
+        adjust(c);
+    })
+    .await?;
+    Some((
+        app,
+        Keys {
+            admin,
+            shop,
+            other_shop,
+            payments,
+        },
+    ))
+}
+
+async fn call(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut request = app
+        .client
+        .request(method, app.url(path))
+        .header("Idempotency-Key", idempotency_key());
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    request.send().await.unwrap()
+}
+
+/// The contract's roles, stated independently of the code: every operation
+/// of the document must be here, so an operation added without a rule fails.
+fn expected_roles() -> BTreeMap<&'static str, Option<&'static [&'static str]>> {
+    const ALL: &[&str] = &["admin", "storefront", "payments"];
+    BTreeMap::from([
+        ("get_health", None),
+        ("get_readiness", None),
+        ("get_metrics", None),
+        ("get_openapi", None),
+        ("get_docs", None),
+        ("create_asset", Some(&["admin"][..])),
+        ("get_asset", Some(ALL)),
+        ("list_assets", Some(ALL)),
+        ("list_asset_events", Some(ALL)),
+        ("list_events", Some(ALL)),
+        ("hold_asset", Some(&["admin", "storefront"][..])),
+        ("get_reservation", Some(ALL)),
+        ("release_reservation", Some(ALL)),
+        ("commit_reservation", Some(&["admin", "payments"][..])),
+        ("list_refunds", Some(&["admin", "payments"][..])),
+        ("complete_refund", Some(&["admin", "payments"][..])),
+        ("list_dead_events", Some(&["admin"][..])),
+        ("redeliver_event", Some(&["admin"][..])),
+    ])
+}
+
+fn concrete(path: &str) -> String {
+    path.replace("{asset_id}", "ACL-1")
+        .replace("{reservation_id}", "res_01HZX49R8T39QK6G7Y1W2V3N4P")
+        .replace("{refund_id}", "rf_01HZX4B2Q7C3M9D8E6F5G4H3J2")
+        .replace("{event_id}", "evt_01HZX4C6W0R1T2Y3U4I5O6P7A8")
+}
+
+async fn every_role_against_every_operation(backend: Backend) {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
+        return;
+    };
+    let doc = app.get_json("/openapi.json").await;
+    let expected = expected_roles();
+    let mut seen = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap();
+            let roles = expected.get(id).unwrap_or_else(|| {
+                panic!("{method} {path} ({id}) has no access rule in this test")
+            });
+            seen += 1;
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let path = concrete(path);
+            let body = (method == Method::POST).then(|| json!({}));
+            let callers = [
+                ("nobody", None),
+                ("stranger", Some("hf_not-a-key")),
+                ("admin", Some(keys.admin.as_str())),
+                ("storefront", Some(keys.shop.as_str())),
+                ("payments", Some(keys.payments.as_str())),
+            ];
+            for (who, token) in callers {
+                let status = call(&app, method.clone(), &path, token, body.clone())
+                    .await
+                    .status()
+                    .as_u16();
+                let want = match roles {
+                    None => None,
+                    Some(_) if token.is_none() || who == "stranger" => Some(401),
+                    Some(allowed) if !allowed.contains(&who) => Some(403),
+                    Some(_) => None,
+                };
+                match want {
+                    Some(code) => assert_eq!(status, code, "{who} {method} {path} ({id})"),
+                    None => assert!(
+                        status != 401 && status != 403,
+                        "{who} {method} {path} ({id}) got {status}"
+                    ),
+                }
+            }
+            if roles.is_some() {
+                let security = &op["security"];
+                assert!(security.is_array(), "{id} declares its security");
+            }
+        }
+    }
+    assert_eq!(
+        seen,
+        expected.len(),
+        "the document and the rules list the same operations"
+    );
+    let unauthenticated = call(&app, Method::GET, "/v1/assets", None, None).await;
+    assert_eq!(unauthenticated.headers()["www-authenticate"], "Bearer");
+    let body: Value = unauthenticated.json().await.unwrap();
+    assert_eq!(body["error_code"], "UNAUTHENTICATED");
+    let forbidden: Value = call(
+        &app,
+        Method::POST,
+        "/v1/assets",
+        Some(&keys.shop),
+        Some(json!({"id": "Z", "name": "z"})),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(forbidden["error_code"], "FORBIDDEN");
+    assert_eq!(
+        app.count("SELECT count(*) FROM assets").await,
+        0,
+        "a refused request changed nothing"
+    );
+}
+
+async fn storefronts_see_only_their_own_reservations_and_keys(backend: Backend) {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
+        return;
+    };
+    for id in ["O-1", "O-2"] {
+        let r = call(
+            &app,
+            Method::POST,
+            "/v1/assets",
+            Some(&keys.admin),
+            Some(json!({"id": id, "name": id})),
+        )
+        .await;
+        assert_eq!(r.status(), 201);
+    }
+    let hold = |token: String, asset: &'static str, key: &'static str| {
+        let app = &app;
+        async move {
+            app.client
+                .post(app.url(&format!("/v1/assets/{asset}/reservations")))
+                .bearer_auth(token)
+                .header("Idempotency-Key", key)
+                .json(&json!({"buyer_id": "same-buyer"}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let mine = hold(keys.shop.clone(), "O-1", "shared-key").await;
+    assert_eq!(mine.status(), 201);
+    let mine: Value = mine.json().await.unwrap();
+    let id = mine["reservation_id"].as_str().unwrap();
+    // The same key from another client is another request altogether.
+    let theirs = hold(keys.other_shop.clone(), "O-2", "shared-key").await;
+    assert_eq!(theirs.status(), 201, "no replay across clients");
+    assert!(theirs.headers().get("idempotent-replayed").is_none());
+    let theirs_on_mine = hold(keys.other_shop.clone(), "O-1", "shared-key").await;
+    assert_eq!(
+        theirs_on_mine.status(),
+        422,
+        "shop-b's own key was used for O-2"
+    );
+    let fresh = hold(keys.other_shop.clone(), "O-1", "another-key").await;
+    assert_eq!(fresh.status(), 409);
+
+    let path = format!("/v1/reservations/{id}");
+    assert_eq!(
+        call(&app, Method::GET, &path, Some(&keys.shop), None)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        call(&app, Method::GET, &path, Some(&keys.other_shop), None)
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        call(&app, Method::GET, &path, Some(&keys.admin), None)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        call(&app, Method::GET, &path, Some(&keys.payments), None)
+            .await
+            .status(),
+        200
+    );
+    let release = format!("{path}/release");
+    let stolen = call(
+        &app,
+        Method::POST,
+        &release,
+        Some(&keys.other_shop),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(stolen.status(), 404);
+    let stolen: Value = stolen.json().await.unwrap();
+    assert_eq!(stolen["error_code"], "RESERVATION_NOT_FOUND");
+    assert_eq!(app.get_json_as(&path, &keys.admin).await["status"], "HELD");
+    assert_eq!(
+        call(
+            &app,
+            Method::POST,
+            &release,
+            Some(&keys.shop),
+            Some(json!({}))
+        )
+        .await
+        .status(),
+        200
+    );
+}
+
+/// Test bodies that need their own configuration run per backend here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_role_against_every_operation_on_both_backends() {
+    every_role_against_every_operation(Backend::Postgres).await;
+    every_role_against_every_operation(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storefronts_see_only_their_own_on_both_backends() {
+    storefronts_see_only_their_own_reservations_and_keys(Backend::Postgres).await;
+    storefronts_see_only_their_own_reservations_and_keys(Backend::Sqlite).await;
+}
+
+async fn a_burst_of_one_buyer_ends_at_the_limit(app: TestApp) {
+    for i in 0..50 {
+        app.create_asset(&format!("B-{i}")).await;
+    }
+    app.create_asset("B-other").await;
+    let responses = join_all((0..50).map(|i| {
+        let app = &app;
+        async move {
+            let response = app
+                .post(
+                    &format!("/v1/assets/B-{i}/reservations"),
+                    Some(&idempotency_key()),
+                    &json!({"buyer_id": "hoarder", "hold_seconds": 1}),
+                )
+                .await;
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    }))
+    .await;
+    let created = responses.iter().filter(|(s, _)| *s == 201).count();
+    let limited = responses
+        .iter()
+        .filter(|(s, b)| *s == 409 && b["error_code"] == "HOLD_LIMIT_REACHED")
+        .count();
+    assert_eq!(created, 5, "{responses:?}");
+    assert_eq!(limited, 45);
+    assert_eq!(
+        app.count("SELECT count(*) FROM reservations WHERE buyer_id = 'hoarder'")
+            .await,
+        5,
+        "refusals wrote nothing"
+    );
+    // Other buyers are not affected; lapsed holds stop counting.
+    app.hold("B-other", "someone-else", 300).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let again = app
+        .post(
+            "/v1/assets/B-10/reservations",
+            Some(&idempotency_key()),
+            &json!({"buyer_id": "hoarder"}),
+        )
+        .await;
+    assert!(
+        matches!(again.status().as_u16(), 201 | 409),
+        "{}",
+        again.status()
+    );
+    let body: Value = again.json().await.unwrap();
+    assert_ne!(
+        body["error_code"], "HOLD_LIMIT_REACHED",
+        "lapsed holds do not count: {body}"
+    );
+}
+
+backend_tests!(a_burst_of_one_buyer_ends_at_the_limit);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_is_answered_for_configured_origins_only() {
+    let Some(app) = TestApp::try_spawn_with(Backend::Sqlite, |c| {
+        c.cors_origins = Some("https://shop.example".into());
+    })
+    .await
+    else {
+        return;
+    };
+    let preflight = app
+        .client
+        .request(Method::OPTIONS, app.url("/v1/assets/A/reservations"))
+        .header("Origin", "https://shop.example")
+        .header("Access-Control-Request-Method", "POST")
+        .header(
+            "Access-Control-Request-Headers",
+            "idempotency-key, content-type, authorization",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status(), 200);
+    assert_eq!(
+        preflight.headers()["access-control-allow-origin"],
+        "https://shop.example"
+    );
+    let allowed = preflight.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(allowed.contains("idempotency-key"), "{allowed}");
+    app.create_asset("C-1").await;
+    let actual = app
+        .client
+        .post(app.url("/v1/assets/C-1/reservations"))
+        .header("Origin", "https://shop.example")
+        .header("Idempotency-Key", "cors-1")
+        .json(&json!({"buyer_id": "b"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(actual.status(), 201);
+    let exposed = actual.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    for header in ["location", "idempotent-replayed", "retry-after"] {
+        assert!(exposed.contains(header), "{exposed}");
+    }
+    let foreign = app
+        .client
+        .get(app.url("/v1/assets"))
+        .header("Origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert!(foreign
+        .headers()
+        .get("access-control-allow-origin")
+        .is_none());
+
+    let plain = TestApp::try_spawn(Backend::Sqlite).await.unwrap();
+    let response = plain
+        .client
+        .get(plain.url("/v1/assets"))
+        .header("Origin", "https://shop.example")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none(),
+        "CORS is off when unset"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limit_answers_429_with_retry_after() {
+    let Some((app, keys)) = spawn_with_keys(Backend::Sqlite, |c| {
+        c.rate_limit_per_second = Some(2);
+        c.rate_limit_burst = Some(3);
+    })
+    .await
+    else {
+        return;
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(call(&app, Method::GET, "/v1/assets", Some(&keys.shop), None).await);
+    }
+    let codes: Vec<u16> = statuses.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(codes, [200, 200, 200, 429]);
+    let limited = statuses.pop().unwrap();
+    assert!(
+        limited.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
+    let body: Value = limited.json().await.unwrap();
+    assert_eq!(body["error_code"], "RATE_LIMITED");
+    // Per key: another client is not limited by this one.
+    assert_eq!(
+        call(&app, Method::GET, "/v1/assets", Some(&keys.payments), None)
+            .await
+            .status(),
+        200
+    );
+    // Health stays reachable.
+    assert_eq!(app.get("/healthz").await.status(), 200);
+}
+
+#[test]
+fn open_mode_refuses_to_start_on_a_public_address() {
+    let output = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("serve")
+        .env(
+            "HOLDFAST_DATABASE_URL",
+            "sqlite:///tmp/holdfast-never-created.db",
+        )
+        .env("HOLDFAST_BIND", "0.0.0.0:0")
+        .env_remove("HOLDFAST_API_KEYS")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("HOLDFAST_API_KEYS") && stderr.contains("loopback"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn keys_new_prints_a_token_and_its_entry() {
+    let output = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["keys", "new", "--name", "shop-9", "--role", "storefront"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    let token = text
+        .lines()
+        .find(|l| l.trim().starts_with("hf_"))
+        .unwrap()
+        .trim();
+    let entry = text
+        .lines()
+        .find(|l| l.trim().starts_with("shop-9:storefront:"))
+        .unwrap()
+        .trim();
+    let ring = holdfast::http::access::KeyRing::parse(entry).unwrap();
+    assert_eq!(ring.authenticate(token).unwrap().name, "shop-9");
+}
+
+/// Tokens, secrets and Authorization headers never reach the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_reach_the_log() {
+    let (token, entry) = new_key("shop-log", Role::Storefront).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::env::temp_dir().join(format!("holdfast-log-{}", ulid::Ulid::new()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("serve")
+        .env(
+            "HOLDFAST_DATABASE_URL",
+            format!("sqlite://{}/h.db", dir.display()),
+        )
+        .env("HOLDFAST_BIND", format!("127.0.0.1:{port}"))
+        .env("HOLDFAST_API_KEYS", &entry)
+        .env("HOLDFAST_LOG_FORMAT", "json")
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if client.get(format!("{base}/healthz")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for bearer in [token.as_str(), "hf_wrong-token-xyz"] {
+        let response = client
+            .post(format!("{base}/v1/assets/NONE/reservations"))
+            .bearer_auth(bearer)
+            .header("Idempotency-Key", "k")
+            .json(&json!({"buyer_id": "b"}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap();
+        assert!(!body.contains(bearer), "the token came back in a body");
+        assert!(matches!(status, 404 | 401), "{status}");
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let output = tokio::task::spawn_blocking(move || {
+        let _ = child.wait();
+        let mut text = String::new();
+        use std::io::Read;
+        if let Some(mut out) = child.stdout.take() {
+            out.read_to_string(&mut text).unwrap();
+        }
+        if let Some(mut err) = child.stderr.take() {
+            err.read_to_string(&mut text).unwrap();
+        }
+        text
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.contains("\"request\""),
+        "debug request lines were logged:\n{output}"
+    );
+    assert!(!output.contains(&token), "the token reached the log");
+    assert!(
+        !output.contains("hf_wrong-token-xyz"),
+        "a presented token reached the log"
+    );
+    assert!(
+        !output.to_lowercase().contains("bearer "),
+        "an Authorization header reached the log"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
