@@ -30,6 +30,12 @@ enum Command {
         /// Where to write the copy; must not exist yet.
         path: std::path::PathBuf,
     },
+    /// Check every invariant in the database; exit 1 when one is violated.
+    Audit {
+        /// One JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Manage API keys.
     Keys {
         #[command(subcommand)]
@@ -115,6 +121,44 @@ async fn run(cli: Cli) -> Result<(), String> {
             store.backup(&path).await.map_err(|e| e.to_string())?;
             println!("backed up {} to {}", store.describe(), path.display());
             Ok(())
+        }
+        Command::Audit { json } => {
+            let store = open(&config).await?;
+            let events_since = match config.event_retention_days {
+                Some(days) => {
+                    chrono::Utc::now()
+                        - chrono::Duration::days(i64::try_from(days).unwrap_or(i64::MAX / 86_400))
+                }
+                None => chrono::DateTime::UNIX_EPOCH,
+            };
+            let findings = store
+                .audit(events_since)
+                .await
+                .map_err(|e| holdfast::http::error::error_chain(&e))?;
+            let violated = findings.iter().filter(|f| f.violations > 0).count();
+            if json {
+                let doc = serde_json::json!({"ok": violated == 0, "checks": findings});
+                println!("{doc}");
+            } else {
+                for f in &findings {
+                    let verdict = if f.violations == 0 { "ok  " } else { "FAIL" };
+                    println!(
+                        "{verdict} {} ({} violating): {}",
+                        f.name, f.violations, f.description
+                    );
+                    for example in &f.examples {
+                        println!("       {example}");
+                    }
+                }
+            }
+            if violated == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{violated} of {} invariants are violated",
+                    findings.len()
+                ))
+            }
         }
         Command::Keys {
             command: KeysCommand::New { name, role },

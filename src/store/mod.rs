@@ -1,6 +1,7 @@
 //! The store: one method per atomic use case. Each backend decides every
 //! transition with one conditional write inside one short transaction.
 
+mod audit;
 mod error;
 mod flow;
 pub mod postgres;
@@ -10,6 +11,7 @@ pub mod sqlite;
 
 use std::time::Duration;
 
+pub use audit::Finding;
 pub use error::StoreError;
 
 use crate::config::{Config, DatabaseUrl};
@@ -360,6 +362,12 @@ impl Store {
     /// Expires lapsed holds and purges idempotency records past retention.
     pub async fn sweep(&self) -> StoreResult<SweepReport> {
         dispatch!(self, s => s.sweep().await)
+    }
+
+    /// Checks every invariant; events older than `events_since` may have been
+    /// purged and are not required.
+    pub async fn audit(&self, events_since: Timestamp) -> StoreResult<Vec<Finding>> {
+        dispatch!(self, s => s.audit(events_since).await)
     }
 
     /// Writes a consistent copy of a live embedded database to `target`.

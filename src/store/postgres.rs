@@ -15,12 +15,13 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncC
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use futures_util::FutureExt;
 
+use super::audit::{Finding, CHECKS};
 use super::error::{Abort, Context};
 use super::flow::{self, Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
-    parse_reservation_id, parse_status, Claimed, ClaimedRow, EventRow, FeedRow, HoldSnapshotRow,
-    KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow,
-    TransitionRow, EVENT_COLUMNS,
+    parse_reservation_id, parse_status, Claimed, ClaimedRow, Count, EventRow, Example, FeedRow,
+    HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow,
+    ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
 };
 use super::schema::{assets, events, refunds, reservations};
 use super::{
@@ -143,6 +144,37 @@ impl PgStore {
         })
         .await
         .map_err(|e| StoreError::Migration(format!("migration task failed: {e}")))?
+    }
+
+    pub async fn audit(&self, events_since: Timestamp) -> StoreResult<Vec<Finding>> {
+        let mut conn = self.conn().await?;
+        let mut findings = Vec::new();
+        for check in CHECKS {
+            let sql = check.postgres.unwrap_or(check.sql);
+            // Checks bound to the event retention name it as $1.
+            let since = sql.contains("$1").then_some(events_since);
+            let count = sql_query(format!(
+                "SELECT count(*) AS n FROM ({sql}) v WHERE $1::timestamptz IS NULL OR true"
+            ))
+            .bind::<Nullable<Timestamptz>, _>(since)
+            .get_result::<Count>(&mut conn)
+            .await
+            .context("run an audit check")?;
+            let examples = sql_query(format!(
+                "SELECT example FROM ({sql}) v WHERE $1::timestamptz IS NULL OR true ORDER BY example LIMIT 10"
+            ))
+            .bind::<Nullable<Timestamptz>, _>(since)
+                .load::<Example>(&mut conn)
+                .await
+                .context("run an audit check")?;
+            findings.push(Finding {
+                name: check.name,
+                description: check.description,
+                violations: count.n,
+                examples: examples.into_iter().map(|e| e.example).collect(),
+            });
+        }
+        Ok(findings)
     }
 
     pub async fn ping(&self) -> StoreResult<()> {

@@ -329,3 +329,15 @@ pub(crate) struct KeySnapshotRow {
     #[diesel(embed)]
     pub(crate) stored: MaybeStoredRow,
 }
+
+#[derive(QueryableByName)]
+pub(crate) struct Count {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) n: i64,
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct Example {
+    #[diesel(sql_type = Text)]
+    pub(crate) example: String,
+}

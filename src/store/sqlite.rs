@@ -15,12 +15,13 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
+use super::audit::{Finding, CHECKS};
 use super::error::{Abort, Context};
 use super::flow::{self, Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
-    parse_reservation_id, parse_status, ClaimedRow, EventRow, FeedRow, HoldSnapshotRow,
-    KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow,
-    EVENT_COLUMNS,
+    parse_reservation_id, parse_status, ClaimedRow, Count, EventRow, Example, FeedRow,
+    HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow,
+    ReservationSnapshotRow, EVENT_COLUMNS,
 };
 use super::schema::{assets, events, refunds, reservations, Instant};
 use super::{
@@ -150,6 +151,37 @@ impl SqliteStore {
             conn.run_pending_migrations(MIGRATIONS)
                 .map(|_| ())
                 .map_err(|e| StoreError::Migration(e.to_string()))
+        })
+        .await
+    }
+
+    pub async fn audit(&self, events_since: Timestamp) -> StoreResult<Vec<Finding>> {
+        self.read("audit the invariants", move |c| {
+            let mut findings = Vec::new();
+            for check in CHECKS {
+                // Every check takes $1 (the start of event retention), used or not.
+                let count = sql_query(format!(
+                    "SELECT count(*) AS n FROM ({}) v WHERE $1 IS NULL OR 1",
+                    check.sql
+                ))
+                .bind::<Instant, _>(events_since)
+                .get_result::<Count>(c)
+                .context("run an audit check")?;
+                let examples = sql_query(format!(
+                    "SELECT example FROM ({}) v WHERE $1 IS NULL OR 1 ORDER BY example LIMIT 10",
+                    check.sql
+                ))
+                .bind::<Instant, _>(events_since)
+                .load::<Example>(c)
+                .context("run an audit check")?;
+                findings.push(Finding {
+                    name: check.name,
+                    description: check.description,
+                    violations: count.n,
+                    examples: examples.into_iter().map(|e| e.example).collect(),
+                });
+            }
+            Ok(findings)
         })
         .await
     }
@@ -881,12 +913,6 @@ impl SqliteStore {
             Err(Abort::Failed(e)) => Err(e),
         }
     }
-}
-
-#[derive(QueryableByName)]
-struct Count {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
 }
 
 #[derive(QueryableByName)]

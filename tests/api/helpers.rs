@@ -95,6 +95,10 @@ impl TestApp {
         }
     }
 
+    pub fn database_url(&self) -> &str {
+        &self.db.url
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.address, path)
     }

@@ -5,6 +5,7 @@ mod helpers;
 
 mod access;
 mod assets;
+mod audit;
 mod commits;
 mod errors;
 mod holds;

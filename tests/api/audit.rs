@@ -1,0 +1,92 @@
+//! `holdfast audit`: clean after real traffic, and it catches what breaks.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::backend_tests;
+use crate::helpers::TestApp;
+
+fn audit(app: &TestApp) -> (bool, Value) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["audit", "--json"])
+        .env("HOLDFAST_DATABASE_URL", app.database_url())
+        .output()
+        .expect("holdfast audit runs");
+    let doc: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|_| {
+        panic!(
+            "JSON from audit: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    assert_eq!(
+        doc["ok"],
+        output.status.success(),
+        "exit status follows the verdict"
+    );
+    (output.status.success(), doc)
+}
+
+fn violations(doc: &Value, name: &str) -> i64 {
+    doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name}"))["violations"]
+        .as_i64()
+        .unwrap()
+}
+
+async fn traffic(app: &TestApp) {
+    for id in ["AU-1", "AU-2", "AU-3", "AU-4"] {
+        app.create_asset(id).await;
+    }
+    let sold = app.hold("AU-1", "b1", 300).await;
+    app.commit(sold["reservation_id"].as_str().unwrap(), "c1", "pay-1")
+        .await;
+    app.commit(sold["reservation_id"].as_str().unwrap(), "c2", "pay-2")
+        .await;
+    let released = app.hold("AU-2", "b2", 300).await;
+    app.release(released["reservation_id"].as_str().unwrap(), "r1")
+        .await;
+    app.commit(released["reservation_id"].as_str().unwrap(), "c3", "pay-3")
+        .await;
+    let lapsed = app.hold("AU-3", "b3", 1).await;
+    app.hold("AU-4", "b4", 300).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.commit(lapsed["reservation_id"].as_str().unwrap(), "c4", "pay-4")
+        .await;
+    holdfast::janitor::run_once(&app.store).await.unwrap();
+}
+
+async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) {
+    traffic(&app).await;
+    let (ok, doc) = audit(&app);
+    assert!(ok, "{doc:#}");
+    assert!(doc["checks"].as_array().unwrap().len() >= 10);
+
+    // Break things the way a bug would, and see each one named.
+    app.sql("UPDATE assets SET status = 'SOLD', hold_expires_at = NULL WHERE id = 'AU-4'")
+        .await;
+    app.sql("DELETE FROM events WHERE type = 'reservation.released'")
+        .await;
+    let (ok, doc) = audit(&app);
+    assert!(!ok);
+    assert_eq!(violations(&doc, "sold_has_one_commit"), 1, "{doc:#}");
+    assert_eq!(violations(&doc, "changes_have_their_events"), 1, "{doc:#}");
+    assert!(
+        violations(&doc, "event_sequences_have_no_gaps") >= 1,
+        "{doc:#}"
+    );
+    assert_eq!(violations(&doc, "payment_commits_once"), 0);
+    let sold = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "sold_has_one_commit")
+        .unwrap();
+    assert_eq!(sold["examples"][0], "AU-4");
+}
+
+backend_tests!(the_audit_passes_after_real_traffic_and_catches_breakage);
