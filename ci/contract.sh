@@ -28,10 +28,17 @@ bin=${CARGO_TARGET_DIR:-target}/debug/holdfast
 step "lint openapi/holdfast.json"
 "$venv/bin/openapi-spec-validator" openapi/holdfast.json
 
+# The service runs as in production, with an API key: an admin's, so that
+# every operation can be exercised, and missing credentials are refused.
+key=$("$bin" keys new --name contract --role admin)
+token=$(sed -n 's/^ *\(hf_[A-Za-z0-9_-]*\)$/\1/p' <<<"$key")
+entry=$(sed -n 's/^ *\(contract:admin:[0-9a-f]*\)$/\1/p' <<<"$key")
+export HOLDFAST_TOKEN=$token
+
 # serve NAME PORT DATABASE_URL: starts holdfast and waits until it is ready.
 serve() {
-  HOLDFAST_DATABASE_URL=$3 HOLDFAST_BIND=127.0.0.1:$2 HOLDFAST_HOLD_SECONDS_MIN=1 RUST_LOG=warn \
-    "$bin" serve >"$work/$1.log" 2>&1 &
+  HOLDFAST_DATABASE_URL=$3 HOLDFAST_BIND=127.0.0.1:$2 HOLDFAST_HOLD_SECONDS_MIN=1 HOLDFAST_API_KEYS=$entry \
+    RUST_LOG=warn "$bin" serve >"$work/$1.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 100); do
     curl -sf "http://127.0.0.1:$2/readyz" >/dev/null && return 0
@@ -53,7 +60,7 @@ for target in "sqlite:$sqlite_port" "postgres:$pg_port"; do
   port=${target##*:}
   step "schemathesis on $backend"
   (cd "$work" && "$root/$venv/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
-    --url "http://127.0.0.1:$port" --checks "$checks" --max-examples "${SCHEMATHESIS_EXAMPLES:-100}" \
+    --url "http://127.0.0.1:$port" --header "Authorization: Bearer $token" --checks "$checks" --max-examples "${SCHEMATHESIS_EXAMPLES:-100}" \
     --seed "${SCHEMATHESIS_SEED:-20261129}" --report junit --report-dir "$root/target/schemathesis-$backend")
 done
 

@@ -45,7 +45,12 @@ async function runFlow(baseUrl: string): Promise<string> {
       rawBodies.set(response, await response.clone().text());
     },
   };
-  const client = createClient<paths>({ baseUrl });
+  // With API keys configured, HOLDFAST_TOKEN carries an admin key's token.
+  const token = process.env.HOLDFAST_TOKEN ?? "";
+  const client = createClient<paths>({
+    baseUrl,
+    headers: token === "" ? {} : { Authorization: `Bearer ${token}` },
+  });
   client.use(keepRawBody);
   const rawBody = (response: Response): string => {
     const text = rawBodies.get(response);
