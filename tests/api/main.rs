@@ -12,6 +12,7 @@ mod holds;
 mod idempotency;
 mod janitor;
 mod migrations;
+mod model;
 mod openapi;
 mod operations;
 mod proxy;

@@ -1,0 +1,472 @@
+//! A randomized model-based test: seeded sequences of operations (create,
+//! holds with short and long lapses, commits on time and late, releases,
+//! replays with the same key, a key reused for another request, waits that
+//! let short holds lapse) run against the real service and against a small
+//! reference model of the contract. Every status and error_code, and the
+//! final state, must match. A failing seed is printed; rerun it with
+//! HOLDFAST_MODEL_SEED=<seed> cargo test model.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::backend_tests;
+use crate::helpers::TestApp;
+
+const BUYERS: &[&str] = &["ana", "ben", "chi"];
+const LIMIT: usize = 5;
+/// Longer than a short hold (1 s), so that it surely lapsed.
+const WAIT: Duration = Duration::from_millis(1300);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Held,
+    Committed,
+    Released,
+    Expired,
+}
+
+#[derive(Debug, Clone)]
+struct Res {
+    asset: String,
+    buyer: String,
+    status: Status,
+    /// A 1 s hold made in this epoch (lapses at the next wait).
+    short_from: Option<u32>,
+    payment: Option<String>,
+    refunds: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Request {
+    path: String,
+    body: Value,
+}
+
+#[derive(Default)]
+struct Model {
+    epoch: u32,
+    assets: BTreeSet<String>,
+    reservations: BTreeMap<String, Res>,
+    committed_payments: BTreeSet<String>,
+    /// Answers stored under keys: the request they answered, status, raw body.
+    stored: BTreeMap<String, (String, u16, Vec<u8>)>,
+}
+
+/// What the contract says a request must answer, and whether it is stored.
+struct Expect {
+    status: u16,
+    code: Option<&'static str>,
+    stored: bool,
+}
+
+fn ok(status: u16, stored: bool) -> Expect {
+    Expect {
+        status,
+        code: None,
+        stored,
+    }
+}
+
+fn fail(status: u16, code: &'static str, stored: bool) -> Expect {
+    Expect {
+        status,
+        code: Some(code),
+        stored,
+    }
+}
+
+impl Model {
+    fn effective(&self, id: &str) -> Status {
+        let r = &self.reservations[id];
+        match (r.status, r.short_from) {
+            (Status::Held, Some(epoch)) if self.epoch > epoch => Status::Expired,
+            (status, _) => status,
+        }
+    }
+
+    fn live_hold_on(&self, asset: &str) -> Option<String> {
+        self.reservations
+            .iter()
+            .find(|(id, r)| {
+                r.asset == asset && matches!(self.effective(id), Status::Held | Status::Committed)
+            })
+            .map(|(id, _)| id.clone())
+    }
+
+    fn live_holds_of(&self, buyer: &str) -> usize {
+        self.reservations
+            .iter()
+            .filter(|(id, r)| r.buyer == buyer && self.effective(id) == Status::Held)
+            .count()
+    }
+
+    fn expect_hold(&self, asset: &str, buyer: &str) -> Expect {
+        if !self.assets.contains(asset) {
+            return fail(404, "ASSET_NOT_FOUND", false);
+        }
+        if self.live_hold_on(asset).is_some() {
+            return fail(409, "ASSET_UNAVAILABLE", false);
+        }
+        if self.live_holds_of(buyer) >= LIMIT {
+            return fail(409, "HOLD_LIMIT_REACHED", false);
+        }
+        ok(201, true)
+    }
+
+    fn expect_commit(&self, id: &str, payment: &str) -> Expect {
+        let Some(r) = self.reservations.get(id) else {
+            return fail(404, "RESERVATION_NOT_FOUND", false);
+        };
+        let new_refund = !r.refunds.contains(payment);
+        match self.effective(id) {
+            Status::Held if self.committed_payments.contains(payment) => {
+                fail(409, "PAYMENT_REFERENCE_USED", false)
+            }
+            Status::Held => ok(200, true),
+            Status::Expired => fail(409, "HOLD_EXPIRED", new_refund),
+            Status::Released => fail(409, "RESERVATION_NOT_ACTIVE", new_refund),
+            Status::Committed if r.payment.as_deref() == Some(payment) => ok(200, false),
+            Status::Committed => fail(409, "ALREADY_COMMITTED", new_refund),
+        }
+    }
+
+    fn expect_release(&self, id: &str) -> Expect {
+        if !self.reservations.contains_key(id) {
+            return fail(404, "RESERVATION_NOT_FOUND", false);
+        }
+        match self.effective(id) {
+            Status::Held => ok(200, true),
+            Status::Released => ok(200, false),
+            Status::Committed | Status::Expired => fail(409, "RESERVATION_NOT_ACTIVE", false),
+        }
+    }
+}
+
+enum Op {
+    Create(String),
+    Hold {
+        asset: String,
+        buyer: String,
+        short: bool,
+    },
+    Commit {
+        id: String,
+        payment: String,
+    },
+    Release {
+        id: String,
+    },
+}
+
+impl Op {
+    fn request(&self) -> Request {
+        match self {
+            Op::Create(id) => Request {
+                path: "/v1/assets".into(),
+                body: json!({"id": id, "name": id}),
+            },
+            Op::Hold {
+                asset,
+                buyer,
+                short,
+            } => Request {
+                path: format!("/v1/assets/{asset}/reservations"),
+                body: json!({"buyer_id": buyer, "hold_seconds": if *short { 1 } else { 300 }}),
+            },
+            Op::Commit { id, payment } => Request {
+                path: format!("/v1/reservations/{id}/commit"),
+                body: json!({"payment_reference": payment}),
+            },
+            Op::Release { id } => Request {
+                path: format!("/v1/reservations/{id}/release"),
+                body: json!({}),
+            },
+        }
+    }
+
+    fn expect(&self, model: &Model) -> Expect {
+        match self {
+            Op::Create(id) if model.assets.contains(id) => fail(409, "ASSET_EXISTS", false),
+            Op::Create(_) => ok(201, false),
+            Op::Hold { asset, buyer, .. } => model.expect_hold(asset, buyer),
+            Op::Commit { id, payment } => model.expect_commit(id, payment),
+            Op::Release { id } => model.expect_release(id),
+        }
+    }
+
+    /// Applies a successful change to the model.
+    fn apply(&self, model: &mut Model, status: u16, body: &Value) {
+        match self {
+            Op::Create(id) if status == 201 => {
+                model.assets.insert(id.clone());
+            }
+            Op::Hold {
+                asset,
+                buyer,
+                short,
+            } if status == 201 => {
+                let id = body["reservation_id"].as_str().unwrap().to_owned();
+                model.reservations.insert(
+                    id,
+                    Res {
+                        asset: asset.clone(),
+                        buyer: buyer.clone(),
+                        status: Status::Held,
+                        short_from: short.then_some(model.epoch),
+                        payment: None,
+                        refunds: BTreeSet::new(),
+                    },
+                );
+            }
+            Op::Commit { id, payment } => {
+                if status == 200 && model.effective(id) == Status::Held {
+                    let r = model.reservations.get_mut(id).unwrap();
+                    r.status = Status::Committed;
+                    r.payment = Some(payment.clone());
+                    model.committed_payments.insert(payment.clone());
+                } else if body.get("refund").is_some() {
+                    model
+                        .reservations
+                        .get_mut(id)
+                        .unwrap()
+                        .refunds
+                        .insert(payment.clone());
+                }
+            }
+            Op::Release { id } if status == 200 && model.effective(id) == Status::Held => {
+                model.reservations.get_mut(id).unwrap().status = Status::Released;
+            }
+            _ => {}
+        }
+    }
+}
+
+struct Run<'a> {
+    app: &'a TestApp,
+    model: Model,
+    rng: fastrand::Rng,
+    seed: u64,
+    step: usize,
+    sent: Vec<(String, Request, Op)>,
+}
+
+impl Run<'_> {
+    fn pick<'b, T>(&mut self, items: &'b [T]) -> Option<&'b T> {
+        (!items.is_empty()).then(|| &items[self.rng.usize(..items.len())])
+    }
+
+    fn random_op(&mut self) -> Op {
+        let assets: Vec<String> = self.model.assets.iter().cloned().collect();
+        let reservations: Vec<String> = self.model.reservations.keys().cloned().collect();
+        let payment = format!("pay-{}", self.rng.u8(..12));
+        match self.rng.u8(..10) {
+            0 => Op::Create(format!("MD-{}", self.rng.u8(..8))),
+            1..=4 => Op::Hold {
+                asset: self
+                    .pick(&assets)
+                    .cloned()
+                    .unwrap_or_else(|| "MD-none".into()),
+                buyer: BUYERS[self.rng.usize(..BUYERS.len())].into(),
+                short: self.rng.bool(),
+            },
+            5..=7 => match self.pick(&reservations).cloned() {
+                Some(id) => Op::Commit { id, payment },
+                None => Op::Create(format!("MD-{}", self.rng.u8(..8))),
+            },
+            _ => match self.pick(&reservations).cloned() {
+                Some(id) => Op::Release { id },
+                None => Op::Create(format!("MD-{}", self.rng.u8(..8))),
+            },
+        }
+    }
+
+    async fn send(&mut self, key: &str, request: &Request) -> (u16, Value, Vec<u8>, bool) {
+        let mut call = self
+            .app
+            .client
+            .post(self.app.url(&request.path))
+            .json(&request.body);
+        if request.path != "/v1/assets" {
+            call = call.header("Idempotency-Key", key);
+        }
+        let response = call.send().await.unwrap();
+        let status = response.status().as_u16();
+        let replayed = response.headers().get("idempotent-replayed").is_some();
+        let bytes = response.bytes().await.unwrap().to_vec();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, body, bytes, replayed)
+    }
+
+    fn context(&self, what: &str) -> String {
+        format!("seed {} step {} ({what})", self.seed, self.step)
+    }
+
+    /// Sends `op` under `key` and checks the answer against the model.
+    async fn perform(&mut self, key: String, op: Op) {
+        let request = op.request();
+        let describe = format!("{} {}", request.path, request.body);
+        let keyed = request.path != "/v1/assets";
+        let (status, body, bytes, replayed) = self.send(&key, &request).await;
+        let ctx = self.context(&describe);
+        match self.model.stored.get(&key).filter(|_| keyed) {
+            Some((stored_request, stored_status, stored_body)) if stored_request == &describe => {
+                let want = if *stored_status == 201 {
+                    200
+                } else {
+                    *stored_status
+                };
+                assert_eq!(status, want, "{ctx}: replay status");
+                assert!(replayed, "{ctx}: replay header");
+                assert_eq!(&bytes, stored_body, "{ctx}: replayed body");
+            }
+            Some(_) => {
+                assert_eq!(status, 422, "{ctx}: {body}");
+                assert_eq!(body["error_code"], "IDEMPOTENCY_KEY_REUSED", "{ctx}");
+            }
+            None => {
+                let expect = op.expect(&self.model);
+                assert_eq!(status, expect.status, "{ctx}: {body}");
+                assert!(!replayed, "{ctx}: a first answer is no replay");
+                if let Some(code) = expect.code {
+                    assert_eq!(body["error_code"], code, "{ctx}");
+                }
+                op.apply(&mut self.model, status, &body);
+                if expect.stored && keyed {
+                    self.model
+                        .stored
+                        .insert(key.clone(), (describe, status, bytes));
+                }
+            }
+        }
+        self.sent.push((key, request, op));
+    }
+
+    async fn step_once(&mut self) {
+        self.step += 1;
+        match self.rng.u8(..20) {
+            // Replay an earlier request with its key.
+            0..=2 if !self.sent.is_empty() => {
+                let (key, _, op) = &self.sent[self.rng.usize(..self.sent.len())];
+                let (key, op) = (key.clone(), clone_op(op));
+                self.perform(key, op).await;
+            }
+            // Reuse an earlier key for another request.
+            3 if !self.sent.is_empty() => {
+                let key = self.sent[self.rng.usize(..self.sent.len())].0.clone();
+                let op = self.random_op();
+                self.perform(key, op).await;
+            }
+            _ => {
+                let op = self.random_op();
+                self.perform(ulid::Ulid::new().to_string(), op).await;
+            }
+        }
+    }
+
+    async fn check_final_state(&self) {
+        for (id, r) in &self.model.reservations {
+            let got = self.app.get_json(&format!("/v1/reservations/{id}")).await;
+            let want = match self.model.effective(id) {
+                Status::Held => "HELD",
+                Status::Committed => "COMMITTED",
+                Status::Released => "RELEASED",
+                Status::Expired => "EXPIRED",
+            };
+            assert_eq!(
+                got["status"],
+                want,
+                "{}: reservation {id}",
+                self.context("final")
+            );
+            let refunds: BTreeSet<String> = got["refunds"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f["payment_reference"].as_str().unwrap().to_owned())
+                .collect();
+            assert_eq!(
+                refunds,
+                r.refunds,
+                "{}: refunds of {id}",
+                self.context("final")
+            );
+        }
+        for asset in &self.model.assets {
+            let got = self.app.get_json(&format!("/v1/assets/{asset}")).await;
+            let want = match self.model.live_hold_on(asset) {
+                Some(id) if self.model.effective(&id) == Status::Committed => "SOLD",
+                Some(_) => "HELD",
+                None => "AVAILABLE",
+            };
+            assert_eq!(
+                got["status"],
+                want,
+                "{}: asset {asset}",
+                self.context("final")
+            );
+        }
+    }
+}
+
+fn clone_op(op: &Op) -> Op {
+    match op {
+        Op::Create(id) => Op::Create(id.clone()),
+        Op::Hold {
+            asset,
+            buyer,
+            short,
+        } => Op::Hold {
+            asset: asset.clone(),
+            buyer: buyer.clone(),
+            short: *short,
+        },
+        Op::Commit { id, payment } => Op::Commit {
+            id: id.clone(),
+            payment: payment.clone(),
+        },
+        Op::Release { id } => Op::Release { id: id.clone() },
+    }
+}
+
+fn seeds() -> Vec<u64> {
+    match std::env::var("HOLDFAST_MODEL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(seed) => vec![seed],
+        None => vec![7, 2026, 91_129],
+    }
+}
+
+async fn the_service_behaves_like_the_model(app: TestApp) {
+    for seed in seeds() {
+        app.sql("DELETE FROM idempotency_keys; DELETE FROM events; DELETE FROM refunds; DELETE FROM reservations; DELETE FROM assets;")
+            .await;
+        let mut run = Run {
+            app: &app,
+            model: Model::default(),
+            rng: fastrand::Rng::with_seed(seed),
+            seed,
+            step: 0,
+            sent: Vec::new(),
+        };
+        // Segments of a few fast steps; between them, a wait lets short holds lapse.
+        for _ in 0..4 {
+            for _ in 0..12 {
+                run.step_once().await;
+            }
+            tokio::time::sleep(WAIT).await;
+            run.model.epoch += 1;
+        }
+        run.check_final_state().await;
+        eprintln!(
+            "model seed {seed}: {} steps, {} reservations agree",
+            run.step,
+            run.model.reservations.len()
+        );
+    }
+}
+
+backend_tests!(the_service_behaves_like_the_model);
