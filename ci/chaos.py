@@ -54,6 +54,11 @@ RESOLVE_ATTEMPTS = 25       # per request left without an answer, after the load
 BACKOFF_BASE = 0.1
 BACKOFF_CAP = 1.0
 EXPIRY_MARGIN = 0.5         # seconds of slack when judging timing against expires_at
+# Some attempts give up almost at once, while the service is still working on
+# them: the answer is lost whether or not the change committed, and the retry
+# must replay (or wait for the running duplicate), never act again.
+IMPATIENT_SHARE = 0.04
+IMPATIENT_TIMEOUT = (0.002, 0.08)
 
 # Statuses the client treats as "no answer": retry with the same key and body.
 RETRYABLE_CODES = {"IDEMPOTENCY_KEY_IN_USE", "RATE_LIMITED"}
@@ -277,12 +282,13 @@ def tail(path, lines=30):
 
 class Attempt:
     __slots__ = ("op", "port", "t0", "t1", "status", "error", "replayed", "code", "body",
-                 "raw", "phase")
+                 "raw", "phase", "timeout")
 
-    def __init__(self, op, port, phase):
+    def __init__(self, op, port, phase, timeout):
         self.op = op
         self.port = port
         self.phase = phase
+        self.timeout = timeout
         self.t0 = time.time()
         self.t1 = None
         self.status = None
@@ -374,16 +380,19 @@ class Http:
             except Exception:  # noqa: BLE001
                 pass
 
-    def request(self, port, method, path, body=None, headers=None):
+    def request(self, port, method, path, body=None, headers=None, timeout=HTTP_TIMEOUT):
         entry = self.conns.get(port)
         # Don't reuse a connection idle long enough for the server to close it.
         if entry is not None and time.time() - entry[1] > 2.0:
             self.drop(port)
             entry = None
         if entry is None:
-            conn = http.client.HTTPConnection(HOST, port, timeout=HTTP_TIMEOUT)
+            conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
         else:
             conn = entry[0]
+            conn.timeout = timeout
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
         hdrs = {"Accept": "application/json"}
         if body is not None:
             hdrs["Content-Type"] = "application/json"
@@ -408,11 +417,15 @@ class Http:
         return resp.status, rheaders, raw
 
 
-def send(rec: Recorder, http_: Http, op: Op, port: int, phase: str) -> Attempt:
-    a = Attempt(op, port, phase)
+def send(rec: Recorder, http_: Http, op: Op, port: int, phase: str, rng=None) -> Attempt:
+    timeout = HTTP_TIMEOUT
+    if rng is not None and op.method == "POST" and rng.random() < IMPATIENT_SHARE:
+        timeout = rng.uniform(*IMPATIENT_TIMEOUT)
+    a = Attempt(op, port, phase, timeout)
     headers = {"Idempotency-Key": op.key} if op.key else {}
     try:
-        status, rheaders, raw = http_.request(port, op.method, op.path, op.body, headers)
+        status, rheaders, raw = http_.request(port, op.method, op.path, op.body, headers,
+                                              timeout)
         a.status = status
         a.raw = raw
         a.replayed = rheaders.get("idempotent-replayed", "").lower() == "true"
@@ -432,13 +445,16 @@ def send(rec: Recorder, http_: Http, op: Op, port: int, phase: str) -> Attempt:
 
 
 def perform(rec, http_, op, ports, phase="load", max_attempts=MAX_ATTEMPTS, rng=random,
-            first_port=None):
+            first_port=None, impatient=True):
     """Sends op until it gets a definitive answer; blind retries with the same
     key and body after a connection error, timeout, 5xx or key-in-use, moving
     to another instance when there is one."""
     port = first_port if first_port is not None else rng.choice(ports)
     for n in range(max_attempts):
-        a = send(rec, http_, op, port, phase)
+        # The last attempts are patient, so that impatience alone never
+        # exhausts the retries.
+        a = send(rec, http_, op, port, phase,
+                 rng if impatient and n < max_attempts - 3 else None)
         if not a.retryable:
             op.final = a
             return a
@@ -528,7 +544,7 @@ def maybe_duplicate(ctx, http_, rng, op, a):
         return
     with ctx.lock:
         ctx.dups += 1
-    send(ctx.rec, http_, op, rng.choice(ctx.ports), "dup")
+    send(ctx.rec, http_, op, rng.choice(ctx.ports), "dup", rng)
 
 
 def commit(ctx, http_, rng, rid, asset_id, expires_at, intent, pref=None):
@@ -813,7 +829,26 @@ class Phase:
             inst.wait_ready()
 
         self.resolve(http_)
+        self.write_record()
         self.verify()
+
+    def write_record(self):
+        """Every client request, one JSON line per attempt, in the work dir."""
+        path = os.path.join(self.workdir, "requests.jsonl")
+        with open(path, "w") as out:
+            for op in self.rec.ops:
+                final = op.final.label() if op.final else None
+                for a in op.attempts:
+                    out.write(json.dumps({
+                        "op": op.id, "kind": op.kind, "method": op.method, "path": op.path,
+                        "idempotency_key": op.key, "body": op.payload, "intent":
+                        op.meta.get("intent"), "phase": a.phase, "port": a.port,
+                        "t0": round(a.t0, 4), "t1": round(a.t1, 4), "timeout": a.timeout,
+                        "status": a.status, "error_code": a.code, "error": a.error,
+                        "replayed": a.replayed, "final": final,
+                        "response": a.raw.decode(errors="replace")[:2000],
+                    }) + "\n")
+        self.record_path = path
 
     def progress(self, pool):
         with self.rec.lock:
@@ -833,7 +868,7 @@ class Phase:
         unresolved = []
         for op in pending:
             a = perform(self.rec, http_, op, self.ports, phase="resolve",
-                        max_attempts=RESOLVE_ATTEMPTS)
+                        max_attempts=RESOLVE_ATTEMPTS, impatient=False)
             if a is None:
                 unresolved.append(op)
         for op in unresolved:
@@ -916,6 +951,8 @@ class Phase:
                 local.http = Http()
             rng = random.Random()
             op = Op(-1, "get", "GET", path, None, None, {})
+            with self.verify_rec.lock:
+                self.verify_ops.append(op)
             for n in range(RESOLVE_ATTEMPTS):
                 a = send(self.verify_rec, local.http, op, rng.choice(self.ports), "verify")
                 if not a.retryable:
@@ -932,6 +969,7 @@ class Phase:
         v = self.v
         rec = self.rec
         self.verify_rec = Recorder()
+        self.verify_ops = []
         print(f"\n== checks ({self.backend})")
         self.audit()
 
@@ -1004,7 +1042,7 @@ class Phase:
         committed = {}     # rid -> payment_reference (from 200 commits)
         released = set()
         refunds_seen = {}  # (rid, pref) -> set(refund_id)
-        late = []          # (rid, pref, refund_id) of 409 HOLD_EXPIRED
+        late = set()       # (rid, pref, refund_id) of 409 HOLD_EXPIRED
         for op in ops:
             goods = [a for a in op.attempts if a.good]
             if op.kind == "hold":
@@ -1032,7 +1070,7 @@ class Phase:
                         rf = a.refund
                         refunds_seen.setdefault((rid, pref), set()).add(rf.get("refund_id"))
                         if a.code == "HOLD_EXPIRED":
-                            late.append((rid, pref, rf.get("refund_id")))
+                            late.add((rid, pref, rf.get("refund_id")))
                             last = op.attempts[-1]
                             if last.t1 < op.meta["expires_at"] - EXPIRY_MARGIN:
                                 v.add("live-hold-refused",
@@ -1150,6 +1188,14 @@ class Phase:
             v.add("release-set", f"{rid}: RELEASED in database {rid in db_released}, "
                                  f"acknowledged {rid in released}")
 
+        for op in self.verify_ops:
+            for a in op.attempts:
+                if a.status is not None and a.status >= 500 and a.status != 503:
+                    v.add("5xx", f"{a.status} {a.code} for GET {op.path}: {a.raw[:300]!r}")
+                elif a.status is not None and not a.retryable and a.status != 200:
+                    v.add("lost-write" if "/reservations/" in op.path else "unexpected-answer",
+                          f"GET {op.path} answered {a.label()}")
+
         # Crashes the process logs may reveal.
         for inst in self.instances:
             text = tail(inst.log_path, 100000)
@@ -1160,6 +1206,8 @@ class Phase:
         by_kind = collections.Counter()
         for a in attempts:
             by_kind[f"{a.op.kind} {a.label()}"] += 1
+        lat = sorted(a.t1 - a.t0 for a in attempts if a.status is not None)
+        pct = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000 if lat else 0  # noqa: E731
         f = self.figures
         f.update({
             "requests": len(attempts),
@@ -1167,6 +1215,7 @@ class Phase:
             "by_status": collections.Counter(a.label() for a in attempts),
             "by_kind": by_kind,
             "replays": sum(1 for a in attempts if a.replayed),
+            "retry_replays": sum(1 for a in attempts if a.replayed and a.phase != "dup"),
             "retries": sum(1 for op in ops for a in op.attempts[1:] if a.phase != "dup"),
             "duplicates": sum(1 for a in attempts if a.phase == "dup"),
             "conn_errors": sum(1 for a in attempts if a.status is None),
@@ -1185,6 +1234,10 @@ class Phase:
             "released": len(released),
             "assets_created": self.pool.created,
             "verify_gets": self.verify_rec.n_attempts,
+            "impatient": sum(1 for a in attempts if a.timeout < HTTP_TIMEOUT),
+            "impatient_lost": sum(1 for a in attempts if a.timeout < HTTP_TIMEOUT
+                                  and a.status is None),
+            "latency": (pct(0.5), pct(0.99), lat[-1] * 1000 if lat else 0),
             "intents": self.ctx.intents,
         })
 
@@ -1201,8 +1254,12 @@ class Phase:
             print("  by status: " + ", ".join(f"{k}={n}" for k, n in sorted(f["by_status"].items())))
             print("  by request: " + ", ".join(f"{k}={n}" for k, n in sorted(f["by_kind"].items())))
             print("  flows: " + ", ".join(f"{k}={n}" for k, n in sorted(f["intents"].items())))
-            print(f"  replays {f['replays']} (blind retries {f['retries']}, deliberate duplicates "
-                  f"{f['duplicates']}); connection errors {f['conn_errors']}")
+            print(f"  replays {f['replays']} ({f['retry_replays']} answering blind retries, the "
+                  f"rest deliberate duplicates); blind retries {f['retries']}, deliberate "
+                  f"duplicates {f['duplicates']}, connection errors {f['conn_errors']}")
+            print(f"  impatient attempts {f['impatient']} (answer lost: {f['impatient_lost']}); "
+                  f"latency ms p50 {f['latency'][0]:.0f}, p99 {f['latency'][1]:.0f}, "
+                  f"max {f['latency'][2]:.0f}")
             print(f"  kills {self.kills}, instance restarts {self.instance_restarts} "
                   f"(down+ready s: {f['kill_windows']}), database restarts {self.db_restarts} "
                   f"(window s: {f['windows']})")
