@@ -543,13 +543,7 @@ impl Backend for PgStore {
         idempotency: &Idempotency,
     ) -> StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>> {
         let mut conn = self.conn().await?;
-        let row = sql_query(
-            "SELECT now() AS now, a.status, a.hold_expires_at, \
-                    i.fingerprint, i.status_code, i.body, i.location \
-             FROM (SELECT 1) AS one \
-             LEFT JOIN assets a ON a.id = $1 \
-             LEFT JOIN idempotency_keys i ON i.scope = $2 AND i.key = $3",
-        )
+        let row = sql_query(HOLD_SNAPSHOT_SQL)
         .bind::<Text, _>(asset.as_str())
         .bind::<Text, _>(&idempotency.scope)
         .bind::<Text, _>(idempotency.key.as_str())
@@ -795,13 +789,23 @@ async fn finish_transition(
     }
 }
 
+/// A hold's first read: the database clock, the asset and the answer stored
+/// under the key, from one snapshot. Losers stop here.
+pub const HOLD_SNAPSHOT_SQL: &str = "\
+SELECT now() AS now, a.status, a.hold_expires_at, i.fingerprint, i.status_code, i.body, i.location
+  FROM (SELECT 1) AS one
+  LEFT JOIN assets a ON a.id = $1
+  LEFT JOIN idempotency_keys i ON i.scope = $2 AND i.key = $3";
+
+/// Takes the (owner, buyer) row lock of the per-buyer hold limit.
+pub const LOCK_BUYER_SQL: &str = "\
+INSERT INTO buyer_locks (owner, buyer_id) VALUES ($1, $2)
+    ON CONFLICT (owner, buyer_id) DO UPDATE SET owner = EXCLUDED.owner";
+
 /// Locks the (owner, buyer) row until the end of the transaction, so that
 /// one buyer's holds are counted one at a time while others run in parallel.
 async fn lock_buyer(conn: &mut AsyncPgConnection, owner: &str, buyer: &str) -> StoreResult<()> {
-    sql_query(
-        "INSERT INTO buyer_locks (owner, buyer_id) VALUES ($1, $2) \
-         ON CONFLICT (owner, buyer_id) DO UPDATE SET owner = EXCLUDED.owner",
-    )
+    sql_query(LOCK_BUYER_SQL)
     .bind::<Text, _>(owner)
     .bind::<Text, _>(buyer)
     .execute(conn)

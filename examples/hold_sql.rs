@@ -1,0 +1,10 @@
+//! Prints the service's hold statements for the benchmark's SQL ceiling, so
+//! that pgbench runs exactly what the service runs.
+
+fn main() {
+    println!("{}", holdfast::store::postgres::HOLD_SNAPSHOT_SQL);
+    println!("---");
+    println!("{}", holdfast::store::postgres::LOCK_BUYER_SQL);
+    println!("---");
+    println!("{}", holdfast::store::postgres::HOLD_SQL);
+}
