@@ -27,6 +27,8 @@ import argparse
 import collections
 import concurrent.futures
 import datetime
+import functools
+import heapq
 import http.client
 import json
 import os
@@ -445,7 +447,7 @@ def send(rec: Recorder, http_: Http, op: Op, port: int, phase: str, rng=None) ->
 
 
 def perform(rec, http_, op, ports, phase="load", max_attempts=MAX_ATTEMPTS, rng=random,
-            first_port=None, impatient=True):
+            first_port=None, impatient=True, stop_at=None):
     """Sends op until it gets a definitive answer; blind retries with the same
     key and body after a connection error, timeout, 5xx or key-in-use, moving
     to another instance when there is one."""
@@ -458,7 +460,7 @@ def perform(rec, http_, op, ports, phase="load", max_attempts=MAX_ATTEMPTS, rng=
         if not a.retryable:
             op.final = a
             return a
-        if n + 1 == max_attempts:
+        if n + 1 == max_attempts or (stop_at is not None and time.time() > stop_at):
             break
         delay = min(BACKOFF_CAP, BACKOFF_BASE * (2 ** n)) * (0.5 + rng.random())
         time.sleep(delay)
@@ -575,22 +577,28 @@ def release(ctx, http_, rng, rid, asset_id, expires_at, intent):
     return a
 
 
-def sleep_until(t, deadline):
-    """Sleeps until t; False (without sleeping) when t is past the deadline."""
-    if t > deadline:
-        return False
-    d = t - time.time()
-    if d > 0:
-        time.sleep(d)
-    return True
-
-
 def client(ctx: Context, tid: int):
     rng = random.Random(ctx.seed * 1000 + tid)
     http_ = Http()
     home = ctx.ports[tid % len(ctx.ports)]
     rec = ctx.rec
-    while time.time() < ctx.deadline:
+    # Late actions wait here, so that the thread keeps working meanwhile.
+    later: list = []
+    seq = 0
+
+    def defer(at, fn, *fargs):
+        nonlocal seq
+        seq += 1
+        if at <= ctx.deadline:
+            heapq.heappush(later, (at, seq, functools.partial(fn, *fargs)))
+
+    while True:
+        now = time.time()
+        if later and later[0][0] <= min(now, ctx.deadline):
+            heapq.heappop(later)[2]()
+            continue
+        if now >= ctx.deadline:
+            break
         asset_id = ctx.pool.pick(rng)
         if asset_id is None:
             create_asset(ctx, http_, rng)
@@ -629,8 +637,8 @@ def client(ctx: Context, tid: int):
                     release(ctx, http_, rng, rid, asset_id, expires_at, "release-sold")
         elif r < 0.56:
             # Late commit: the payment arrives after the hold lapsed.
-            if sleep_until(expires_at + rng.uniform(0.2, 1.5), ctx.deadline):
-                commit(ctx, http_, rng, rid, asset_id, expires_at, "late")
+            defer(expires_at + rng.uniform(0.2, 1.5), commit, ctx, http_, rng, rid, asset_id,
+                  expires_at, "late")
         elif r < 0.78:
             rl = release(ctx, http_, rng, rid, asset_id, expires_at, "release-now")
             if rl is not None and rl.status == 200:
@@ -641,8 +649,8 @@ def client(ctx: Context, tid: int):
                     release(ctx, http_, rng, rid, asset_id, expires_at, "release-again")
         elif r < 0.86:
             # Abandoned, then released too late.
-            if sleep_until(expires_at + rng.uniform(0.2, 1.0), ctx.deadline):
-                release(ctx, http_, rng, rid, asset_id, expires_at, "late-release")
+            defer(expires_at + rng.uniform(0.2, 1.0), release, ctx, http_, rng, rid, asset_id,
+                  expires_at, "late-release")
         # else: abandoned; the janitor or the next hold expires it.
     for port in list(http_.conns):
         http_.drop(port)
@@ -686,6 +694,7 @@ class Phase:
         self.instance_restarts = 0
         self.db_restarts = 0
         self.windows: list[tuple[float, float]] = []  # database restart windows
+        self.outages: list[tuple[float, float]] = []  # database certainly down
         self.kill_windows: list[tuple[float, float]] = []
         self.db_name = None
         self.db_url = None
@@ -720,6 +729,21 @@ class Phase:
         log(f"{self.backend}: {n} instance(s) ready on ports "
             f"{', '.join(str(i.port) for i in self.instances)} ({self.db_url})")
 
+    def drop_database(self):
+        if self.db_name and self.db_name in CLEANUP.pg_databases:
+            try:
+                if not pg_ready():
+                    pg_ctl("start")
+                    for _ in range(60):
+                        if pg_ready():
+                            break
+                        time.sleep(0.5)
+                psql(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)', timeout=30)
+                CLEANUP.pg_databases.remove(self.db_name)
+                log(f"dropped database {self.db_name}")
+            except Exception as e:  # noqa: BLE001
+                log(f"could not drop database {self.db_name} now ({e}); retrying at exit")
+
     @property
     def ports(self):
         return [i.port for i in self.instances]
@@ -739,13 +763,33 @@ class Phase:
         log(f"{inst.name} ready again after {time.time() - t0:.1f}s")
 
     def restart_database(self):
+        """Restarts PostgreSQL: stop (fast: sessions are cut), stay down for
+        --db-down-seconds, start. With 0, one `pg_ctlcluster restart`."""
+        down = self.args.db_down_seconds
         t0 = time.time()
-        log("restarting PostgreSQL")
-        r = pg_ctl("restart")
-        if r.returncode != 0:
-            self.v.add("chaos", f"pg_ctlcluster restart failed ({r.returncode}): "
-                                f"{r.stderr.strip()}")
-            pg_ctl("start")
+        if down <= 0:
+            log("restarting PostgreSQL (pg_ctlcluster restart)")
+            r = pg_ctl("restart")
+            if r.returncode != 0:
+                self.v.add("chaos", f"pg_ctlcluster restart failed ({r.returncode}): "
+                                    f"{r.stderr.strip()}")
+                pg_ctl("start")
+        else:
+            log(f"restarting PostgreSQL: stop, {down:g}s down, start")
+            r = pg_ctl("stop")
+            stopped = time.time()
+            if r.returncode != 0:
+                self.v.add("chaos", f"pg_ctlcluster stop failed ({r.returncode}): "
+                                    f"{r.stderr.strip()}")
+            time.sleep(down)
+            if r.returncode == 0 and not pg_ready():
+                # From the end of the stop to the start command, nothing can
+                # reach the database.
+                self.outages.append((stopped, time.time()))
+            r = pg_ctl("start")
+            if r.returncode != 0:
+                self.v.add("chaos", f"pg_ctlcluster start failed ({r.returncode}): "
+                                    f"{r.stderr.strip()}")
         self.db_restarts += 1
         end = time.time() + 90
         pending = list(self.instances)
@@ -866,9 +910,10 @@ class Phase:
             return
         log(f"{len(pending)} requests without an answer after their retries; retrying them")
         unresolved = []
+        stop_at = time.time() + 60
         for op in pending:
             a = perform(self.rec, http_, op, self.ports, phase="resolve",
-                        max_attempts=RESOLVE_ATTEMPTS, impatient=False)
+                        max_attempts=RESOLVE_ATTEMPTS, impatient=False, stop_at=stop_at)
             if a is None:
                 unresolved.append(op)
         for op in unresolved:
@@ -922,7 +967,8 @@ class Phase:
                                 f"{(report or {}).get('ok')!r}, failing checks {bad}")
 
     def db_rows(self):
-        """(reservations, refunds, double-sold assets, refund duplicates) from the database."""
+        """From the database: reservation count, reservations, refunds, duplicate refunds,
+        assets with several COMMITTED reservations."""
         res_sql = "SELECT id, status, COALESCE(payment_reference, ''), asset_id FROM reservations"
         ref_sql = "SELECT reservation_id, payment_reference, id FROM refunds"
         dup_sql = ("SELECT reservation_id, payment_reference, count(*) FROM refunds "
@@ -945,6 +991,7 @@ class Phase:
         """GETs every path (retrying connection errors and 503), in parallel."""
         results = {}
         local = threading.local()
+        stop_at = time.time() + 120
 
         def one(path):
             if not hasattr(local, "http"):
@@ -955,7 +1002,7 @@ class Phase:
                 self.verify_ops.append(op)
             for n in range(RESOLVE_ATTEMPTS):
                 a = send(self.verify_rec, local.http, op, rng.choice(self.ports), "verify")
-                if not a.retryable:
+                if not a.retryable or time.time() > stop_at:
                     return path, a
                 time.sleep(min(BACKOFF_CAP, BACKOFF_BASE * 2 ** n))
             return path, op.attempts[-1]
@@ -986,6 +1033,10 @@ class Phase:
                     v.add("unexpected-answer", f"{a.label()} for {a.op.kind} {a.op.path} "
                                                f"key={a.op.key} body={a.op.payload}: "
                                                f"{a.raw[:300]!r}")
+                elif a.op.kind == "hold" and (a.status == 200) != a.replayed:
+                    # A hold is 201 when it acts, 200 only as a replay.
+                    v.add("idempotency", f"hold key={a.op.key} answered {a.status} with "
+                                         f"Idempotent-Replayed={a.replayed}")
                 elif a.op.kind == "commit" and a.code in REFUND_CODES:
                     rf = a.refund
                     if rf is None or rf.get("reason") != REFUND_CODES[a.code]:
@@ -997,6 +1048,16 @@ class Phase:
                           and any(w0 <= a.t1 <= w1 for w0, w1 in self.windows))
         window_2xx = sum(1 for a in attempts if a.status is not None and 200 <= a.status < 300
                          and any(w0 <= a.t1 <= w1 for w0, w1 in self.windows))
+        # A request sent and answered while the database was certainly down
+        # cannot have read or written anything: only 503 (or no answer) is right.
+        outage_answers = collections.Counter()
+        for a in attempts:
+            if any(o0 <= a.t0 and a.t1 <= o1 for o0, o1 in self.outages):
+                outage_answers[a.label()] += 1
+                if a.status is not None and a.status != 503:
+                    v.add("answer-while-db-down",
+                          f"{a.label()} for {a.op.kind} {a.op.path} sent and answered while "
+                          f"PostgreSQL was stopped")
 
         # 3. Retries never act twice: per key, every 2xx / 409-with-refund is the same.
         for op in ops:
@@ -1031,6 +1092,16 @@ class Phase:
                 v.add("idempotency", f"{op.kind} key={op.key}: replay is not the original "
                                      f"answer: {next(iter(replays))[:200]!r} vs "
                                      f"{next(iter(originals))[:200]!r}")
+            # Once acknowledged, a request stays acknowledged: a later attempt
+            # with its key must not answer anything else (a hold retried after
+            # its 201 must replay, not find the asset taken).
+            seen_good = False
+            for a in sorted(op.attempts, key=lambda x: x.t0):
+                if a.good:
+                    seen_good = True
+                elif seen_good and a.status is not None and not a.retryable:
+                    v.add("idempotency", f"{op.kind} key={op.key}: acknowledged, then a retry "
+                                         f"answered {a.label()}")
             for a in op.attempts:
                 if a.replayed and not a.good and a.status is not None:
                     # Only answers that changed something are stored and replayed.
@@ -1114,7 +1185,7 @@ class Phase:
                 v.add("lost-write", f"commit of {rid} with {pref} acknowledged; GET shows "
                                     f"{s.get('status')} {s.get('payment_reference')}")
             c_at, e_at = parse_ts(s.get("committed_at")), parse_ts(s.get("expires_at"))
-            if c_at is None or e_at is None or c_at > e_at:
+            if c_at is not None and e_at is not None and c_at > e_at:
                 v.add("late-commit-accepted", f"{rid}: committed_at {s.get('committed_at')} "
                                               f"after expires_at {s.get('expires_at')}")
         for rid in released:
@@ -1224,6 +1295,8 @@ class Phase:
             "conn_window": window_conn,
             "2xx_window": window_2xx,
             "windows": [round(w1 - w0, 2) for w0, w1 in self.windows],
+            "outages": [round(o1 - o0, 2) for o0, o1 in self.outages],
+            "outage_answers": outage_answers,
             "kill_windows": [round(w1 - w0, 2) for w0, w1 in self.kill_windows],
             "late_commits": len(late),
             "refunds_answered": len(refunds_seen),
@@ -1263,8 +1336,13 @@ class Phase:
             print(f"  kills {self.kills}, instance restarts {self.instance_restarts} "
                   f"(down+ready s: {f['kill_windows']}), database restarts {self.db_restarts} "
                   f"(window s: {f['windows']})")
-            print(f"  503 total {f['503']}, 503 in window {f['503_window']}, connection errors in "
-                  f"window {f['conn_window']}, 2xx in window {f['2xx_window']}")
+            print(f"  503 total {f['503']}, 503 in window {f['503_window']} (outside it "
+                  f"{f['503'] - f['503_window']}), connection errors in window "
+                  f"{f['conn_window']}, 2xx in window {f['2xx_window']}")
+            if self.outages:
+                print(f"  database fully down for {f['outages']} s; requests sent and answered "
+                      f"then: " + (", ".join(f"{k}={n}" for k, n in
+                                             sorted(f["outage_answers"].items())) or "none"))
             print(f"  unanswered after retries {f.get('unanswered_after_load', 0)} "
                   f"(retried to an answer at the end)")
             print(f"  reservations in db {f['reservations_db']}, hold keys acknowledged "
@@ -1301,6 +1379,9 @@ def main() -> int:
     p.add_argument("--sqlite-threads", type=int, default=12)
     p.add_argument("--down-seconds", type=float, default=3.0,
                    help="how long a killed instance stays down")
+    p.add_argument("--db-down-seconds", type=float, default=2.0,
+                   help="how long PostgreSQL stays stopped in its restart (0: a plain "
+                        "pg_ctlcluster restart)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--time-limit", type=float, default=None,
                    help="hard bound on the whole run in seconds (default: per backend "
@@ -1336,7 +1417,6 @@ def main() -> int:
     workdir = tempfile.mkdtemp(prefix="holdfast-chaos-")
     log(f"seed {args.seed}, binary {binary}, work dir {workdir}, time limit {limit:.0f}s")
     phases = []
-    failed_setup = False
     try:
         for backend in backends:
             d = os.path.join(workdir, backend)
@@ -1349,10 +1429,10 @@ def main() -> int:
                 raise
             except Exception as e:  # noqa: BLE001
                 phase.v.add("harness", f"{type(e).__name__}: {e}")
-                failed_setup = True
             finally:
                 for inst in phase.instances:
                     inst.kill9()
+                phase.drop_database()
             phase.summary()
     finally:
         timer.cancel()
@@ -1364,8 +1444,6 @@ def main() -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
         print(f"logs kept in {workdir}")
-    if failed_setup:
-        return 2 if total == 0 else 1
     return 1 if total else 0
 
 
