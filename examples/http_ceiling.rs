@@ -14,7 +14,9 @@ async fn answer() -> HttpResponse {
 
 #[actix_web::main]
 async fn main() -> std::io::Result<()> {
-    let bind = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:18300".into());
+    let bind = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:18300".into());
     let workers = std::thread::available_parallelism().map_or(2, usize::from);
     HttpServer::new(|| App::new().default_service(web::to(answer)))
         .workers(workers)

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::{respond, ApiError};
-use super::extract::{JsonBody, Validator};
+use super::extract::{page_limit, JsonBody, Validator};
 use super::AppState;
 use crate::domain::{Asset, AssetId, AssetStatus, Event};
 use crate::reply::{self, ErrorCode, Problem, Reply};
@@ -122,7 +122,6 @@ pub struct AssetList {
 }
 
 const LIMIT_DEFAULT: i64 = 50;
-const LIMIT_MAX: i64 = 500;
 
 /// List assets in id order, optionally by effective status (keyset paging).
 #[utoipa::path(
@@ -153,17 +152,7 @@ pub async fn list_assets(
         )
         .flatten();
     let limit = v
-        .check(
-            "limit",
-            match query.limit.as_deref() {
-                None => Ok(LIMIT_DEFAULT),
-                Some(l) => l
-                    .parse::<i64>()
-                    .ok()
-                    .filter(|n| (1..=LIMIT_MAX).contains(n))
-                    .ok_or_else(|| format!("must be an integer from 1 to {LIMIT_MAX}")),
-            },
-        )
+        .check("limit", page_limit(query.limit.as_deref(), LIMIT_DEFAULT))
         .unwrap_or(LIMIT_DEFAULT);
     let after = v
         .check(

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::{respond, ApiError};
-use super::extract::Validator;
+use super::extract::{page_limit, Validator};
 use super::AppState;
 use crate::domain::{Event, EventId};
 use crate::reply::{self, Reply};
@@ -33,7 +33,6 @@ pub struct EventPage {
 }
 
 const LIMIT_DEFAULT: i64 = 100;
-const LIMIT_MAX: i64 = 500;
 
 fn encode(cursor: FeedCursor) -> String {
     URL_SAFE_NO_PAD.encode(format!("{}.{}", cursor.tx, cursor.position))
@@ -61,17 +60,7 @@ fn page_params(query: &FeedQuery) -> Result<(FeedCursor, i64), ApiError> {
         .flatten()
         .unwrap_or_default();
     let limit = v
-        .check(
-            "limit",
-            match query.limit.as_deref() {
-                None => Ok(LIMIT_DEFAULT),
-                Some(l) => l
-                    .parse::<i64>()
-                    .ok()
-                    .filter(|n| (1..=LIMIT_MAX).contains(n))
-                    .ok_or_else(|| format!("must be an integer from 1 to {LIMIT_MAX}")),
-            },
-        )
+        .check("limit", page_limit(query.limit.as_deref(), LIMIT_DEFAULT))
         .unwrap_or(LIMIT_DEFAULT);
     v.finish()?;
     Ok((after, limit))

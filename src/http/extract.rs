@@ -239,6 +239,21 @@ pub fn canonical_json(value: &Value) -> String {
     out
 }
 
+/// The largest page any list returns.
+pub const PAGE_MAX: i64 = 500;
+
+/// A `limit` query parameter: 1 to [`PAGE_MAX`], `default` when absent.
+pub fn page_limit(raw: Option<&str>, default: i64) -> Result<i64, String> {
+    match raw {
+        None => Ok(default),
+        Some(text) => text
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=PAGE_MAX).contains(n))
+            .ok_or_else(|| format!("must be an integer from 1 to {PAGE_MAX}")),
+    }
+}
+
 /// Collects field errors and fails with 422 when there are any.
 #[derive(Default)]
 pub struct Validator {

@@ -7,7 +7,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::access::Caller;
 use super::docs::IdempotencyKeyParam;
 use super::error::{respond, ApiError};
-use super::extract::{IdempotencyKeyHeader, JsonBody, Validator};
+use super::extract::{page_limit, IdempotencyKeyHeader, JsonBody, Validator};
 use super::AppState;
 use crate::domain::{Refund, RefundId, RefundStatus};
 use crate::reply::{self, Reply};
@@ -40,7 +40,6 @@ pub struct RefundList {
 pub struct CompleteRefundBody {}
 
 const LIMIT_DEFAULT: i64 = 50;
-const LIMIT_MAX: i64 = 500;
 
 /// Refunds in creation order (keyset paged), for reconciliation.
 #[utoipa::path(
@@ -69,17 +68,7 @@ pub async fn list_refunds(
         )
         .flatten();
     let limit = v
-        .check(
-            "limit",
-            match query.limit.as_deref() {
-                None => Ok(LIMIT_DEFAULT),
-                Some(l) => l
-                    .parse::<i64>()
-                    .ok()
-                    .filter(|n| (1..=LIMIT_MAX).contains(n))
-                    .ok_or_else(|| format!("must be an integer from 1 to {LIMIT_MAX}")),
-            },
-        )
+        .check("limit", page_limit(query.limit.as_deref(), LIMIT_DEFAULT))
         .unwrap_or(LIMIT_DEFAULT);
     let after = v
         .check(

@@ -544,12 +544,12 @@ impl Backend for PgStore {
     ) -> StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>> {
         let mut conn = self.conn().await?;
         let row = sql_query(HOLD_SNAPSHOT_SQL)
-        .bind::<Text, _>(asset.as_str())
-        .bind::<Text, _>(&idempotency.scope)
-        .bind::<Text, _>(idempotency.key.as_str())
-        .get_result::<HoldSnapshotRow>(&mut conn)
-        .await
-        .context("read the asset to hold")?;
+            .bind::<Text, _>(asset.as_str())
+            .bind::<Text, _>(&idempotency.scope)
+            .bind::<Text, _>(idempotency.key.as_str())
+            .get_result::<HoldSnapshotRow>(&mut conn)
+            .await
+            .context("read the asset to hold")?;
         let state = match row.status {
             Some(s) => Some((parse_status(AssetStatus::parse, &s)?, row.hold_expires_at)),
             None => None,
@@ -806,11 +806,11 @@ INSERT INTO buyer_locks (owner, buyer_id) VALUES ($1, $2)
 /// one buyer's holds are counted one at a time while others run in parallel.
 async fn lock_buyer(conn: &mut AsyncPgConnection, owner: &str, buyer: &str) -> StoreResult<()> {
     sql_query(LOCK_BUYER_SQL)
-    .bind::<Text, _>(owner)
-    .bind::<Text, _>(buyer)
-    .execute(conn)
-    .await
-    .context("lock the buyer")?;
+        .bind::<Text, _>(owner)
+        .bind::<Text, _>(buyer)
+        .execute(conn)
+        .await
+        .context("lock the buyer")?;
     Ok(())
 }
 
