@@ -93,12 +93,33 @@ prepare() { # port: the hot HELD asset, the SOLD one, the replayed hold
   api "$1" POST /v1/assets/REPLAY/reservations replay-key '{"buyer_id":"replayer"}' >/dev/null
 }
 
+# PostgreSQL's own count of transactions in the benchmark database.
+xacts() {
+  if [[ -n "${pg_db:-}" && "$1" == postgres ]]; then
+    psql -h 127.0.0.1 -U postgres -Atc "SELECT pg_stat_force_next_flush(); SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '$pg_db'" | tail -n 1
+  else
+    echo 0
+  fi
+}
+
+# run BACKEND PORT SCENARIO MODE [env…]: one scenario, with the database
+# transactions it caused per request (PostgreSQL).
+run() {
+  local backend=$1 port=$2 scenario=$3 mode=$4; shift 4
+  local before after
+  before=$(xacts "$backend")
+  load "$backend $scenario" "$port" "$mode" "$@" >>"$results"
+  sleep 1.5 # backends flush their statistics at most once a second
+  after=$(xacts "$backend")
+  echo "$backend $scenario XACTS $((after - before))" >>"$results"
+}
+
 scenarios() { # backend port
-  load "$1 hot-held" "$2" hot BENCH_ASSET=HOT >>"$results"
-  load "$1 hot-sold" "$2" hot BENCH_ASSET=SOLD >>"$results"
-  load "$1 spread-hold" "$2" spread >>"$results"
-  load "$1 hold-commit" "$2" hold-commit >>"$results"
-  load "$1 replay" "$2" replay BENCH_ASSET=REPLAY >>"$results"
+  run "$1" "$2" hot-held hot BENCH_ASSET=HOT
+  run "$1" "$2" hot-sold hot BENCH_ASSET=SOLD
+  run "$1" "$2" spread-hold spread
+  run "$1" "$2" hold-commit hold-commit
+  run "$1" "$2" replay replay BENCH_ASSET=REPLAY
 }
 
 say "PostgreSQL"
