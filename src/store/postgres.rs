@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
+use diesel::pg::Pg;
 use diesel::prelude::*;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_query;
 use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text, Timestamptz};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
@@ -41,6 +43,30 @@ pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgre
 const MIGRATION_LOCK: i64 = 0x686f_6c64_6661_7374; // "holdfast"
 
 type Conn = Object<AsyncPgConnection>;
+
+/// A raw statement whose text never changes, so that PostgreSQL may keep it
+/// prepared on each connection (diesel never caches `sql_query` by itself:
+/// it cannot know the text is fixed). Used for the statements on hot paths.
+struct Prepared<Q>(Q);
+
+impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for Prepared<Q> {
+    fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, Pg>) -> diesel::QueryResult<()> {
+        self.0.walk_ast(pass)
+    }
+
+    fn is_safe_to_cache_prepared(&self, _: &Pg) -> diesel::QueryResult<bool> {
+        Ok(true)
+    }
+}
+
+impl<Q> QueryId for Prepared<Q> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Q: Query> Query for Prepared<Q> {
+    type SqlType = Q::SqlType;
+}
 
 #[derive(Clone)]
 pub struct PgStore {
@@ -543,13 +569,15 @@ impl Backend for PgStore {
         idempotency: &Idempotency,
     ) -> StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>> {
         let mut conn = self.conn().await?;
-        let row = sql_query(HOLD_SNAPSHOT_SQL)
-            .bind::<Text, _>(asset.as_str())
-            .bind::<Text, _>(&idempotency.scope)
-            .bind::<Text, _>(idempotency.key.as_str())
-            .get_result::<HoldSnapshotRow>(&mut conn)
-            .await
-            .context("read the asset to hold")?;
+        let row = Prepared(
+            sql_query(HOLD_SNAPSHOT_SQL)
+                .bind::<Text, _>(asset.as_str())
+                .bind::<Text, _>(&idempotency.scope)
+                .bind::<Text, _>(idempotency.key.as_str()),
+        )
+        .get_result::<HoldSnapshotRow>(&mut conn)
+        .await
+        .context("read the asset to hold")?;
         let state = match row.status {
             Some(s) => Some((parse_status(AssetStatus::parse, &s)?, row.hold_expires_at)),
             None => None,
@@ -805,12 +833,14 @@ INSERT INTO buyer_locks (owner, buyer_id) VALUES ($1, $2)
 /// Locks the (owner, buyer) row until the end of the transaction, so that
 /// one buyer's holds are counted one at a time while others run in parallel.
 async fn lock_buyer(conn: &mut AsyncPgConnection, owner: &str, buyer: &str) -> StoreResult<()> {
-    sql_query(LOCK_BUYER_SQL)
-        .bind::<Text, _>(owner)
-        .bind::<Text, _>(buyer)
-        .execute(conn)
-        .await
-        .context("lock the buyer")?;
+    Prepared(
+        sql_query(LOCK_BUYER_SQL)
+            .bind::<Text, _>(owner)
+            .bind::<Text, _>(buyer),
+    )
+    .execute(conn)
+    .await
+    .context("lock the buyer")?;
     Ok(())
 }
 
@@ -824,24 +854,26 @@ async fn claim_available(
 ) -> StoreResult<Claim> {
     let r = &draft.reservation;
     let idem = &draft.request.idempotency;
-    let row = sql_query(HOLD_SQL)
-        .bind::<Text, _>(&r.asset_id)
-        .bind::<Text, _>(&r.reservation_id)
-        .bind::<Text, _>(&r.buyer_id)
-        .bind::<Timestamptz, _>(r.created_at)
-        .bind::<Timestamptz, _>(r.expires_at)
-        .bind::<Text, _>(draft.event_id.to_string())
-        .bind::<Text, _>(&draft.reply.body)
-        .bind::<Text, _>(&idem.scope)
-        .bind::<Text, _>(idem.key.as_str())
-        .bind::<Text, _>(&idem.fingerprint)
-        .bind::<Integer, _>(i32::from(draft.reply.status))
-        .bind::<Nullable<Text>, _>(draft.reply.location.as_deref())
-        .bind::<Text, _>(&r.owner)
-        .bind::<Nullable<BigInt>, _>(draft.request.max_live_holds)
-        .get_result::<Claimed>(conn)
-        .await
-        .context("hold the asset")?;
+    let row = Prepared(
+        sql_query(HOLD_SQL)
+            .bind::<Text, _>(&r.asset_id)
+            .bind::<Text, _>(&r.reservation_id)
+            .bind::<Text, _>(&r.buyer_id)
+            .bind::<Timestamptz, _>(r.created_at)
+            .bind::<Timestamptz, _>(r.expires_at)
+            .bind::<Text, _>(draft.event_id.to_string())
+            .bind::<Text, _>(&draft.reply.body)
+            .bind::<Text, _>(&idem.scope)
+            .bind::<Text, _>(idem.key.as_str())
+            .bind::<Text, _>(&idem.fingerprint)
+            .bind::<Integer, _>(i32::from(draft.reply.status))
+            .bind::<Nullable<Text>, _>(draft.reply.location.as_deref())
+            .bind::<Text, _>(&r.owner)
+            .bind::<Nullable<BigInt>, _>(draft.request.max_live_holds),
+    )
+    .get_result::<Claimed>(conn)
+    .await
+    .context("hold the asset")?;
     Ok(if row.claimed > 0 {
         Claim::Claimed
     } else if row.limit_reached {
