@@ -47,6 +47,10 @@ type Conn = Object<AsyncPgConnection>;
 /// A raw statement whose text never changes, so that PostgreSQL may keep it
 /// prepared on each connection (diesel never caches `sql_query` by itself:
 /// it cannot know the text is fixed). Used for the statements on hot paths.
+///
+/// Connections plan each execution with its own parameters
+/// (`plan_cache_mode = force_custom_plan`): a generic plan made while a table
+/// was small would otherwise outlive the table's growth.
 struct Prepared<Q>(Q);
 
 impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for Prepared<Q> {
@@ -89,7 +93,8 @@ impl PgStore {
                 let mut conn = AsyncPgConnection::establish(&url).await?;
                 conn.batch_execute(&format!(
                     "SET statement_timeout = {statement_ms}; SET lock_timeout = {lock_ms}; \
-                     SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC'",
+                     SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC'; \
+                     SET plan_cache_mode = force_custom_plan",
                     statement_ms.max(1000) * 2
                 ))
                 .await
