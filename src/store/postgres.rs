@@ -622,17 +622,19 @@ impl Backend for PgStore {
         idempotency: &Idempotency,
     ) -> StoreResult<Snapshot<Reservation>> {
         let mut conn = self.conn().await?;
-        let row = sql_query(
-            "SELECT now() AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at, \
-                    r.committed_at, r.released_at, r.payment_reference, r.owner, \
-                    i.fingerprint, i.status_code, i.body, i.location \
-             FROM (SELECT 1) AS one \
-             LEFT JOIN reservations r ON r.id = $1 \
-             LEFT JOIN idempotency_keys i ON i.scope = $2 AND i.key = $3",
+        let row = Prepared(
+            sql_query(
+                "SELECT now() AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at, \
+                        r.committed_at, r.released_at, r.payment_reference, r.owner, \
+                        i.fingerprint, i.status_code, i.body, i.location \
+                 FROM (SELECT 1) AS one \
+                 LEFT JOIN reservations r ON r.id = $1 \
+                 LEFT JOIN idempotency_keys i ON i.scope = $2 AND i.key = $3",
+            )
+            .bind::<Text, _>(id.to_string())
+            .bind::<Text, _>(&idempotency.scope)
+            .bind::<Text, _>(idempotency.key.as_str()),
         )
-        .bind::<Text, _>(id.to_string())
-        .bind::<Text, _>(&idempotency.scope)
-        .bind::<Text, _>(idempotency.key.as_str())
         .get_result::<ReservationSnapshotRow>(&mut conn)
         .await
         .context("read the reservation")?;
@@ -784,12 +786,11 @@ async fn finish_transition(
                 .bind::<Text, _>(&reservation.asset_id);
             let row = match payment {
                 Some(payment) => {
-                    query
-                        .bind::<Text, _>(payment)
+                    Prepared(query.bind::<Text, _>(payment))
                         .get_result::<TransitionRow>(c)
                         .await
                 }
-                None => query.get_result::<TransitionRow>(c).await,
+                None => Prepared(query).get_result::<TransitionRow>(c).await,
             }
             .optional()
             .context("change the reservation")?;
@@ -986,18 +987,20 @@ async fn record(
     now: Timestamp,
 ) -> StoreResult<()> {
     insert_event(conn, event).await?;
-    sql_query(
-        "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    Prepared(
+        sql_query(
+            "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind::<Text, _>(&idempotency.scope)
+        .bind::<Text, _>(idempotency.key.as_str())
+        .bind::<Text, _>(&idempotency.fingerprint)
+        .bind::<Integer, _>(i32::from(reply.status))
+        .bind::<Text, _>(&reply.body)
+        .bind::<Nullable<Text>, _>(reply.location.as_deref())
+        .bind::<Text, _>(reservation_id)
+        .bind::<Timestamptz, _>(now),
     )
-    .bind::<Text, _>(&idempotency.scope)
-    .bind::<Text, _>(idempotency.key.as_str())
-    .bind::<Text, _>(&idempotency.fingerprint)
-    .bind::<Integer, _>(i32::from(reply.status))
-    .bind::<Text, _>(&reply.body)
-    .bind::<Nullable<Text>, _>(reply.location.as_deref())
-    .bind::<Text, _>(reservation_id)
-    .bind::<Timestamptz, _>(now)
     .execute(conn)
     .await
     .context("store the answer")?;
@@ -1005,14 +1008,16 @@ async fn record(
 }
 
 async fn insert_event(conn: &mut AsyncPgConnection, event: &NewEvent) -> StoreResult<()> {
-    sql_query("INSERT INTO events (id, asset_id, sequence, type, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)")
-        .bind::<Text, _>(&event.id)
-        .bind::<Text, _>(&event.asset_id)
-        .bind::<BigInt, _>(event.sequence)
-        .bind::<Text, _>(event.event_type.as_str())
-        .bind::<Text, _>(&event.data)
-        .bind::<Timestamptz, _>(event.created_at)
-        .execute(conn)
+    Prepared(
+        sql_query("INSERT INTO events (id, asset_id, sequence, type, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)")
+            .bind::<Text, _>(&event.id)
+            .bind::<Text, _>(&event.asset_id)
+            .bind::<BigInt, _>(event.sequence)
+            .bind::<Text, _>(event.event_type.as_str())
+            .bind::<Text, _>(&event.data)
+            .bind::<Timestamptz, _>(event.created_at),
+    )
+    .execute(conn)
         .await
         .context("record an event")?;
     Ok(())
