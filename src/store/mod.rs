@@ -301,15 +301,15 @@ impl Store {
     }
 
     pub async fn hold(&self, req: &HoldRequest) -> StoreResult<HoldOutcome> {
-        bounded!(self, "hold the asset", s => s.hold(req))
+        bounded!(self, "hold the asset", s => flow::hold(s, req))
     }
 
     pub async fn commit(&self, req: &CommitRequest) -> StoreResult<CommitOutcome> {
-        bounded!(self, "commit the reservation", s => s.commit(req))
+        bounded!(self, "commit the reservation", s => flow::commit(s, req))
     }
 
     pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<ReleaseOutcome> {
-        bounded!(self, "release the reservation", s => s.release(req))
+        bounded!(self, "release the reservation", s => flow::release(s, req))
     }
 
     pub async fn complete_refund(
@@ -361,7 +361,7 @@ impl Store {
 
     /// Expires lapsed holds and purges idempotency records past retention.
     pub async fn sweep(&self) -> StoreResult<SweepReport> {
-        dispatch!(self, s => s.sweep().await)
+        dispatch!(self, s => flow::sweep(s, s.settings().sweep_batch).await)
     }
 
     /// Checks every invariant; events older than `events_since` may have been

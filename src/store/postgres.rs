@@ -19,7 +19,7 @@ use futures_util::FutureExt;
 
 use super::audit::{Finding, CHECKS};
 use super::error::{Abort, Context};
-use super::flow::{self, Backend, Claim, HoldDraft, RefundWrite, Snapshot};
+use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
     parse_reservation_id, parse_status, Claimed, ClaimedRow, Count, EventRow, Example, FeedRow,
     HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow,
@@ -27,9 +27,8 @@ use super::rows::{
 };
 use super::schema::{assets, events, refunds, reservations};
 use super::{
-    AssetPage, CommitOutcome, CommitRequest, Delivery, DeliveryResult, FeedCursor, HoldOutcome,
-    HoldRequest, Idempotency, PoolStatus, RefundPage, ReleaseOutcome, ReleaseRequest, StoreError,
-    StoreResult, StoreSettings, SweepReport,
+    AssetPage, Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, RefundPage,
+    StoreError, StoreResult, StoreSettings,
 };
 use crate::domain::{
     Asset, AssetId, AssetStatus, Event, EventId, EventType, PaymentReference, Refund, RefundId,
@@ -293,22 +292,6 @@ impl PgStore {
         let mut conn = self.conn().await?;
         let now = db_now(&mut conn).await?;
         load_reservation(&mut conn, id, now).await
-    }
-
-    pub async fn hold(&self, req: &HoldRequest) -> StoreResult<HoldOutcome> {
-        flow::hold(self, req).await
-    }
-
-    pub async fn commit(&self, req: &CommitRequest) -> StoreResult<CommitOutcome> {
-        flow::commit(self, req).await
-    }
-
-    pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<ReleaseOutcome> {
-        flow::release(self, req).await
-    }
-
-    pub async fn sweep(&self) -> StoreResult<SweepReport> {
-        flow::sweep(self, self.settings.sweep_batch).await
     }
 }
 

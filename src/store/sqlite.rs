@@ -17,7 +17,7 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::audit::{Finding, CHECKS};
 use super::error::{Abort, Context};
-use super::flow::{self, Backend, Claim, HoldDraft, RefundWrite, Snapshot};
+use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
     parse_reservation_id, parse_status, ClaimedRow, Count, EventRow, Example, FeedRow,
     HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow,
@@ -25,9 +25,8 @@ use super::rows::{
 };
 use super::schema::{assets, events, refunds, reservations, Instant};
 use super::{
-    AssetPage, CommitOutcome, CommitRequest, Delivery, DeliveryResult, FeedCursor, HoldOutcome,
-    HoldRequest, Idempotency, PoolStatus, RefundPage, ReleaseOutcome, ReleaseRequest, StoreError,
-    StoreResult, StoreSettings, SweepReport,
+    AssetPage, Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, RefundPage,
+    StoreError, StoreResult, StoreSettings,
 };
 use crate::domain::{
     Asset, AssetId, AssetStatus, Event, EventId, EventType, PaymentReference, Refund, RefundId,
@@ -304,22 +303,6 @@ impl SqliteStore {
             load_reservation(c, &id, clock())
         })
         .await
-    }
-
-    pub async fn hold(&self, req: &HoldRequest) -> StoreResult<HoldOutcome> {
-        flow::hold(self, req).await
-    }
-
-    pub async fn commit(&self, req: &CommitRequest) -> StoreResult<CommitOutcome> {
-        flow::commit(self, req).await
-    }
-
-    pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<ReleaseOutcome> {
-        flow::release(self, req).await
-    }
-
-    pub async fn sweep(&self) -> StoreResult<SweepReport> {
-        flow::sweep(self, self.settings.sweep_batch).await
     }
 }
 
