@@ -1,6 +1,8 @@
 //! The invariants, checked in SQL on either backend (`holdfast audit`).
 //! Each check selects one text column `example` per violating row.
 
+use diesel::sql_types::{BigInt, Text};
+use diesel::QueryableByName;
 use serde::Serialize;
 
 /// One invariant and what the database says about it.
@@ -129,3 +131,30 @@ pub(crate) const CHECKS: &[Check] = &[
         postgres: None,
     },
 ];
+
+/// One check in one statement: up to ten examples, each row carrying the
+/// count of all violating rows. `retention` is the backend's spelling of the
+/// `$1` parameter, which every check takes, used or not.
+pub(crate) fn statement(check_sql: &str, retention: &str) -> String {
+    format!(
+        "SELECT example, count(*) OVER () AS n FROM ({check_sql}) v \
+         WHERE {retention} IS NULL OR TRUE ORDER BY example LIMIT 10"
+    )
+}
+
+#[derive(QueryableByName)]
+pub(crate) struct Row {
+    #[diesel(sql_type = Text)]
+    example: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+pub(crate) fn finding(check: &Check, rows: Vec<Row>) -> Finding {
+    Finding {
+        name: check.name,
+        description: check.description,
+        violations: rows.first().map_or(0, |r| r.n),
+        examples: rows.into_iter().map(|r| r.example).collect(),
+    }
+}

@@ -1,5 +1,7 @@
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
+use super::StoreResult;
+
 /// Why a store call failed. `Unavailable` means the database could not answer
 /// in time or at all: nothing was committed and the client may retry (503).
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +141,18 @@ pub(crate) enum Abort {
     /// Roll back: the state moved under us; read again and decide again.
     Retry,
     Failed(StoreError),
+}
+
+impl Abort {
+    /// How a transaction body ended: its value, or `on_retry` when it rolled
+    /// back for the caller to read again and decide again.
+    pub(crate) fn settle<T>(result: Result<T, Abort>, on_retry: T) -> StoreResult<T> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(Abort::Retry) => Ok(on_retry),
+            Err(Abort::Failed(e)) => Err(e),
+        }
+    }
 }
 
 impl From<DieselError> for Abort {

@@ -17,13 +17,13 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncC
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use futures_util::FutureExt;
 
-use super::audit::{Finding, CHECKS};
+use super::audit::{self, Finding, CHECKS};
 use super::error::{Abort, Context};
 use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
-    parse_reservation_id, parse_status, Claimed, ClaimedRow, Count, EventRow, Example, FeedRow,
-    HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow,
-    ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
+    parse_reservation_id, parse_status, Claimed, ClaimedRow, EventRow, FeedRow, HoldSnapshotRow,
+    KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow,
+    TransitionRow, EVENT_COLUMNS,
 };
 use super::schema::{assets, events, refunds, reservations};
 use super::{
@@ -180,29 +180,13 @@ impl PgStore {
         let mut conn = self.conn().await?;
         let mut findings = Vec::new();
         for check in CHECKS {
-            let sql = check.postgres.unwrap_or(check.sql);
-            // Checks bound to the event retention name it as $1.
-            let since = sql.contains("$1").then_some(events_since);
-            let count = sql_query(format!(
-                "SELECT count(*) AS n FROM ({sql}) v WHERE $1::timestamptz IS NULL OR true"
-            ))
-            .bind::<Nullable<Timestamptz>, _>(since)
-            .get_result::<Count>(&mut conn)
-            .await
-            .context("run an audit check")?;
-            let examples = sql_query(format!(
-                "SELECT example FROM ({sql}) v WHERE $1::timestamptz IS NULL OR true ORDER BY example LIMIT 10"
-            ))
-            .bind::<Nullable<Timestamptz>, _>(since)
-                .load::<Example>(&mut conn)
+            let sql = audit::statement(check.postgres.unwrap_or(check.sql), "$1::timestamptz");
+            let rows = sql_query(sql)
+                .bind::<Timestamptz, _>(events_since)
+                .load::<audit::Row>(&mut conn)
                 .await
                 .context("run an audit check")?;
-            findings.push(Finding {
-                name: check.name,
-                description: check.description,
-                violations: count.n,
-                examples: examples.into_iter().map(|e| e.example).collect(),
-            });
+            findings.push(audit::finding(check, rows));
         }
         Ok(findings)
     }
@@ -500,11 +484,7 @@ impl Backend for PgStore {
                 Ok(reply)
             })
             .await;
-        match result {
-            Ok(reply) => Ok(Some(reply)),
-            Err(Abort::Retry) => Ok(None),
-            Err(Abort::Failed(e)) => Err(e),
-        }
+        Abort::settle(result.map(Some), None)
     }
 
     async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
@@ -704,11 +684,7 @@ impl Backend for PgStore {
                 Ok(reply)
             })
             .await;
-        match result {
-            Ok(reply) => Ok(RefundWrite::Created(reply)),
-            Err(Abort::Retry) => Ok(RefundWrite::Existing),
-            Err(Abort::Failed(e)) => Err(e),
-        }
+        Abort::settle(result.map(RefundWrite::Created), RefundWrite::Existing)
     }
 
     async fn release(
@@ -799,11 +775,7 @@ async fn finish_transition(
             Ok(reply)
         })
         .await;
-    match result {
-        Ok(reply) => Ok(Some(reply)),
-        Err(Abort::Retry) => Ok(None),
-        Err(Abort::Failed(e)) => Err(e),
-    }
+    Abort::settle(result.map(Some), None)
 }
 
 /// A hold's first read: the database clock, the asset and the answer stored

@@ -335,9 +335,3 @@ pub(crate) struct Count {
     #[diesel(sql_type = BigInt)]
     pub(crate) n: i64,
 }
-
-#[derive(QueryableByName)]
-pub(crate) struct Example {
-    #[diesel(sql_type = Text)]
-    pub(crate) example: String,
-}

@@ -15,13 +15,13 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
-use super::audit::{Finding, CHECKS};
+use super::audit::{self, Finding, CHECKS};
 use super::error::{Abort, Context};
 use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
-    parse_reservation_id, parse_status, ClaimedRow, Count, EventRow, Example, FeedRow,
-    HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow,
-    ReservationSnapshotRow, EVENT_COLUMNS,
+    parse_reservation_id, parse_status, ClaimedRow, Count, EventRow, FeedRow, HoldSnapshotRow,
+    KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow,
+    EVENT_COLUMNS,
 };
 use super::schema::{assets, events, refunds, reservations, Instant};
 use super::{
@@ -158,27 +158,11 @@ impl SqliteStore {
         self.read("audit the invariants", move |c| {
             let mut findings = Vec::new();
             for check in CHECKS {
-                // Every check takes $1 (the start of event retention), used or not.
-                let count = sql_query(format!(
-                    "SELECT count(*) AS n FROM ({}) v WHERE $1 IS NULL OR 1",
-                    check.sql
-                ))
-                .bind::<Instant, _>(events_since)
-                .get_result::<Count>(c)
-                .context("run an audit check")?;
-                let examples = sql_query(format!(
-                    "SELECT example FROM ({}) v WHERE $1 IS NULL OR 1 ORDER BY example LIMIT 10",
-                    check.sql
-                ))
-                .bind::<Instant, _>(events_since)
-                .load::<Example>(c)
-                .context("run an audit check")?;
-                findings.push(Finding {
-                    name: check.name,
-                    description: check.description,
-                    violations: count.n,
-                    examples: examples.into_iter().map(|e| e.example).collect(),
-                });
+                let rows = sql_query(audit::statement(check.sql, "$1"))
+                    .bind::<Instant, _>(events_since)
+                    .load::<audit::Row>(c)
+                    .context("run an audit check")?;
+                findings.push(audit::finding(check, rows));
             }
             Ok(findings)
         })
@@ -542,11 +526,7 @@ impl Backend for SqliteStore {
                 Ok(reply)
             })
             .await?;
-        match result {
-            Ok(reply) => Ok(Some(reply)),
-            Err(Abort::Retry) => Ok(None),
-            Err(Abort::Failed(e)) => Err(e),
-        }
+        Abort::settle(result.map(Some), None)
     }
 
     async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
@@ -700,11 +680,7 @@ impl Backend for SqliteStore {
                 Ok(Claim::Claimed)
             })
             .await?;
-        match result {
-            Ok(claim) => Ok(claim),
-            Err(Abort::Retry) => Ok(Claim::Taken),
-            Err(Abort::Failed(e)) => Err(e),
-        }
+        Abort::settle(result, Claim::Taken)
     }
 
     async fn reservation_snapshot(
@@ -801,11 +777,7 @@ impl Backend for SqliteStore {
                 Ok(reply)
             })
             .await?;
-        match result {
-            Ok(reply) => Ok(RefundWrite::Created(reply)),
-            Err(Abort::Retry) => Ok(RefundWrite::Existing),
-            Err(Abort::Failed(e)) => Err(e),
-        }
+        Abort::settle(result.map(RefundWrite::Created), RefundWrite::Existing)
     }
 
     async fn release(
@@ -890,11 +862,7 @@ impl SqliteStore {
                 Ok(reply)
             })
             .await?;
-        match result {
-            Ok(reply) => Ok(Some(reply)),
-            Err(Abort::Retry) => Ok(None),
-            Err(Abort::Failed(e)) => Err(e),
-        }
+        Abort::settle(result.map(Some), None)
     }
 }
 
