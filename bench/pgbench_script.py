@@ -32,7 +32,8 @@ def bind(sql, values):
     return " ".join(sql.split())
 
 print("\\set n :n + 1")
-print(bind(snapshot, {1: values[1], 2: values[8], 3: values[9]}) + ";")
+# The snapshot reads for a batch of requests; here, a batch of one.
+print(bind(snapshot, {n: f"ARRAY[{values[v]}]" for n, v in ((1, 1), (2, 8), (3, 9))}) + ";")
 print("BEGIN;")
 print(bind(lock, {1: values[13], 2: values[3]}) + ";")
 print(bind(hold, values) + ";")

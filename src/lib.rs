@@ -63,6 +63,8 @@ impl Application {
             tracing::info!(keys = keys.len(), "API keys configured");
         }
         let guard = web::Data::new(http::access::Guard::new(keys, config.rate_limit()));
+        // The recorder first: connections take their metric handles when opened.
+        crate::telemetry::metrics();
         let store = Store::open(&config).await?;
         if migrate {
             store.migrate().await?;
@@ -101,7 +103,6 @@ impl Application {
             openapi_json: api.to_pretty_json().unwrap_or_default(),
             config,
         });
-        crate::telemetry::metrics();
         let server =
             HttpServer::new(move || http::app(state.clone(), routes.clone(), guard.clone()))
                 .workers(threads)

@@ -49,6 +49,7 @@ pub const METRICS: &[(&str, &str)] = &[
     ("holdfast_db_pool_size", "Database connections open."),
     ("holdfast_db_pool_in_use", "Database connections in use."),
     ("holdfast_db_pool_waiting", "Requests waiting for a database connection."),
+    ("holdfast_db_statements_total", "Statements sent to the database, each a round trip (several requests' reads may share one)."),
     ("holdfast_db_errors_total", "Database failures answered 503 or 500, by kind: timeout, unavailable, other."),
 ];
 

@@ -12,7 +12,6 @@ mod observe;
 mod refunds;
 mod reservations;
 
-use actix_web::dev::ResourceDef;
 use actix_web::http::{header, Method};
 use actix_web::{get, web, HttpRequest, HttpResponse};
 use serde::Serialize;
@@ -238,22 +237,23 @@ async fn get_docs() -> HttpResponse {
 }
 
 /// Known paths, their methods and operations: for 405 with `Allow`, and for
-/// the access rules.
+/// the access rules. Asked on every request, so matched segment by segment
+/// rather than by regular expression.
 pub struct RouteTable {
-    routes: Vec<(ResourceDef, Vec<(Method, String)>)>,
+    routes: Vec<(PathPattern, Vec<(Method, String)>)>,
 }
 
 impl RouteTable {
     pub fn from_openapi(api: &OpenApiDoc) -> Self {
-        let mut routes: Vec<(ResourceDef, Vec<(Method, String)>)> = api
+        let mut routes: Vec<(PathPattern, Vec<(Method, String)>)> = api
             .paths
             .paths
             .iter()
-            .map(|(path, item)| (ResourceDef::new(path.as_str()), operations(item)))
+            .map(|(path, item)| (PathPattern::new(path), operations(item)))
             .collect();
         // Swagger UI's files: what GET /docs documents.
         routes.push((
-            ResourceDef::new("/docs/{_:.*}"),
+            PathPattern::prefix("/docs/"),
             vec![(Method::GET, "get_docs".to_owned())],
         ));
         Self { routes }
@@ -262,7 +262,7 @@ impl RouteTable {
     fn route(&self, path: &str) -> Option<&[(Method, String)]> {
         self.routes
             .iter()
-            .find(|(def, _)| def.is_match(path))
+            .find(|(pattern, _)| pattern.matches(path))
             .map(|(_, m)| m.as_slice())
     }
 
@@ -272,6 +272,45 @@ impl RouteTable {
             .iter()
             .find(|(m, _)| m == method)
             .map(|(_, id)| id.as_str())
+    }
+}
+
+/// An OpenAPI path template: literal segments and `{parameter}` segments,
+/// each parameter matching one non-empty segment; or a literal prefix.
+enum PathPattern {
+    Segments(Vec<Option<String>>),
+    Prefix(&'static str),
+}
+
+impl PathPattern {
+    fn new(template: &str) -> Self {
+        PathPattern::Segments(
+            template
+                .split('/')
+                .map(|s| (!(s.starts_with('{') && s.ends_with('}'))).then(|| s.to_owned()))
+                .collect(),
+        )
+    }
+
+    fn prefix(prefix: &'static str) -> Self {
+        PathPattern::Prefix(prefix)
+    }
+
+    fn matches(&self, path: &str) -> bool {
+        match self {
+            PathPattern::Prefix(prefix) => path.starts_with(prefix),
+            PathPattern::Segments(segments) => {
+                let mut parts = path.split('/');
+                segments
+                    .iter()
+                    .all(|segment| match (segment, parts.next()) {
+                        (Some(literal), Some(part)) => literal == part,
+                        (None, Some(part)) => !part.is_empty(),
+                        (_, None) => false,
+                    })
+                    && parts.next().is_none()
+            }
+        }
     }
 }
 
@@ -309,5 +348,23 @@ async fn fallback(req: HttpRequest, routes: web::Data<RouteTable>) -> HttpRespon
             response
         }
         None => respond(Problem::new(ErrorCode::NotFound, "No such route.").into_reply()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PathPattern;
+
+    #[test]
+    fn path_patterns_match_whole_segments() {
+        let hold = PathPattern::new("/v1/assets/{asset_id}/reservations");
+        assert!(hold.matches("/v1/assets/EQ-1/reservations"));
+        assert!(!hold.matches("/v1/assets//reservations"));
+        assert!(!hold.matches("/v1/assets/EQ-1/reservations/"));
+        assert!(!hold.matches("/v1/assets/EQ-1"));
+        assert!(!hold.matches("/v1/assets/EQ-1/events"));
+        assert!(PathPattern::new("/v1/assets").matches("/v1/assets"));
+        assert!(!PathPattern::new("/v1/assets").matches("/v1/assets/"));
+        assert!(PathPattern::prefix("/docs/").matches("/docs/index.css"));
     }
 }

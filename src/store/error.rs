@@ -47,6 +47,23 @@ impl StoreError {
         }
     }
 
+    /// The same error for another caller of a shared statement.
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            StoreError::Unavailable { context, reason } => StoreError::Unavailable {
+                context,
+                reason: reason.clone(),
+            },
+            StoreError::Query { context, source } => StoreError::Query {
+                context,
+                source: DieselError::QueryBuilderError(source.to_string().into()),
+            },
+            StoreError::Config(m) => StoreError::Config(m.clone()),
+            StoreError::Migration(m) => StoreError::Migration(m.clone()),
+            StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+        }
+    }
+
     pub fn unavailable(context: &'static str, reason: impl ToString) -> Self {
         StoreError::Unavailable {
             context,

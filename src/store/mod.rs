@@ -2,6 +2,7 @@
 //! transition with one conditional write inside one short transaction.
 
 mod audit;
+mod coalesce;
 mod error;
 mod flow;
 pub mod postgres;
@@ -22,6 +23,18 @@ use crate::domain::{
 use crate::reply::Reply;
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Counts every statement a connection sends (each one a round trip), as
+/// `holdfast_db_statements_total`.
+fn statement_counter() -> impl FnMut(diesel::connection::InstrumentationEvent<'_>) + Send + 'static
+{
+    let statements = metrics::counter!("holdfast_db_statements_total");
+    move |event| {
+        if let diesel::connection::InstrumentationEvent::StartQuery { .. } = event {
+            statements.increment(1);
+        }
+    }
+}
 
 /// Who is asking, for the scope of idempotency keys.
 #[derive(Debug, Clone)]

@@ -1,13 +1,14 @@
 //! PostgreSQL: diesel-async over a bounded deadpool pool, no libpq. Time is
 //! `now()` of the database, read once at the start of each request.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_query;
-use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text, Timestamptz};
+use diesel::sql_types::{Array, BigInt, Double, Integer, Nullable, Text, Timestamptz};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{
@@ -18,6 +19,7 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use futures_util::FutureExt;
 
 use super::audit::{self, Finding, CHECKS};
+use super::coalesce::Coalescer;
 use super::error::{Abort, Context};
 use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
@@ -74,6 +76,8 @@ impl<Q: Query> Query for Prepared<Q> {
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool<AsyncPgConnection>,
+    /// Hold snapshots of concurrent requests, read together.
+    snapshots: Arc<Coalescer<SnapshotInput, HoldSnapshotRow>>,
     url: String,
     settings: StoreSettings,
 }
@@ -98,6 +102,7 @@ impl PgStore {
                 ))
                 .await
                 .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
+                conn.set_instrumentation(super::statement_counter());
                 Ok(conn)
             }
             .boxed()
@@ -112,8 +117,16 @@ impl PgStore {
             .runtime(deadpool::Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Config(format!("cannot build the connection pool: {e}")))?;
+        let batch_pool = pool.clone();
+        let snapshots = Coalescer::new(
+            "read the asset to hold",
+            SNAPSHOT_BATCHES,
+            SNAPSHOT_BATCH_SIZE,
+            move |inputs| Box::pin(read_hold_snapshots(batch_pool.clone(), inputs)),
+        );
         Ok(Self {
             pool,
+            snapshots,
             url: url.to_owned(),
             settings: settings.clone(),
         })
@@ -536,16 +549,14 @@ impl Backend for PgStore {
         asset: &AssetId,
         idempotency: &Idempotency,
     ) -> StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>> {
-        let mut conn = self.conn().await?;
-        let row = Prepared(
-            sql_query(HOLD_SNAPSHOT_SQL)
-                .bind::<Text, _>(asset.as_str())
-                .bind::<Text, _>(&idempotency.scope)
-                .bind::<Text, _>(idempotency.key.as_str()),
-        )
-        .get_result::<HoldSnapshotRow>(&mut conn)
-        .await
-        .context("read the asset to hold")?;
+        let row = self
+            .snapshots
+            .call((
+                asset.to_string(),
+                idempotency.scope.clone(),
+                idempotency.key.to_string(),
+            ))
+            .await?;
         let state = match row.status {
             Some(s) => Some((parse_status(AssetStatus::parse, &s)?, row.hold_expires_at)),
             None => None,
@@ -780,11 +791,51 @@ async fn finish_transition(
 
 /// A hold's first read: the database clock, the asset and the answer stored
 /// under the key, from one snapshot. Losers stop here.
+///
+/// It reads for many requests at once: `$1`, `$2` and `$3` are the requests'
+/// asset ids, key scopes and keys, answered one row each in their order.
 pub const HOLD_SNAPSHOT_SQL: &str = "\
 SELECT now() AS now, a.status, a.hold_expires_at, i.fingerprint, i.status_code, i.body, i.location
-  FROM (SELECT 1) AS one
-  LEFT JOIN assets a ON a.id = $1
-  LEFT JOIN idempotency_keys i ON i.scope = $2 AND i.key = $3";
+  FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS r(asset_id, scope, key, ord)
+  LEFT JOIN assets a ON a.id = r.asset_id
+  LEFT JOIN idempotency_keys i ON i.scope = r.scope AND i.key = r.key
+ ORDER BY r.ord";
+
+/// At most this many hold snapshot statements run at once; requests that
+/// arrive meanwhile are read together by the next one.
+const SNAPSHOT_BATCHES: usize = 2;
+/// The largest number of requests one snapshot statement reads for.
+const SNAPSHOT_BATCH_SIZE: usize = 256;
+
+/// What a hold snapshot reads for one request: asset id, key scope, key.
+type SnapshotInput = (String, String, String);
+
+async fn read_hold_snapshots(
+    pool: Pool<AsyncPgConnection>,
+    inputs: Vec<SnapshotInput>,
+) -> StoreResult<Vec<HoldSnapshotRow>> {
+    let mut conn = pool
+        .get()
+        .await
+        .map_err(|e| StoreError::unavailable("get a database connection", e))?;
+    let mut assets = Vec::with_capacity(inputs.len());
+    let mut scopes = Vec::with_capacity(inputs.len());
+    let mut keys = Vec::with_capacity(inputs.len());
+    for (asset, scope, key) in inputs {
+        assets.push(asset);
+        scopes.push(scope);
+        keys.push(key);
+    }
+    Prepared(
+        sql_query(HOLD_SNAPSHOT_SQL)
+            .bind::<Array<Text>, _>(assets)
+            .bind::<Array<Text>, _>(scopes)
+            .bind::<Array<Text>, _>(keys),
+    )
+    .load::<HoldSnapshotRow>(&mut conn)
+    .await
+    .context("read the asset to hold")
+}
 
 /// Takes the (owner, buyer) row lock of the per-buyer hold limit.
 pub const LOCK_BUYER_SQL: &str = "\

@@ -55,6 +55,7 @@ async fn metrics_count_outcomes_and_time_requests_by_route(app: TestApp) {
     assert!(grew(r#"holdfast_commits_total{outcome="committed"}"#) >= 1.0);
     assert!(grew(r#"holdfast_commits_total{outcome="replayed"}"#) >= 1.0);
     assert!(grew("holdfast_idempotency_replays_total") >= 1.0);
+    assert!(grew("holdfast_db_statements_total") >= 6.0);
     assert!(
         after.contains(r#"route="/v1/assets/{asset_id}/reservations""#),
         "{after}"

@@ -138,7 +138,59 @@ async fn commit_racing_release_ends_consistent(app: TestApp) {
     );
 }
 
+/// Reads of concurrent requests may be answered together; each request must
+/// still get the answer to its own key, body and asset.
+async fn concurrent_requests_each_get_their_own_answer(app: TestApp) {
+    app.create_asset("MIX-1").await;
+    let held = app
+        .post(
+            "/v1/assets/MIX-1/reservations",
+            Some("mix-key"),
+            &json!({"buyer_id": "first"}),
+        )
+        .await;
+    assert_eq!(held.status(), 201);
+    let held: Value = held.json().await.unwrap();
+    let responses = join_all((0..160).map(|i| {
+        let app = &app;
+        async move {
+            let (asset, key, buyer) = match i % 4 {
+                0 => ("MIX-1", "mix-key".to_owned(), "first".to_owned()),
+                1 => ("MIX-1", "mix-key".to_owned(), format!("other-{i}")),
+                2 => ("MIX-1", format!("fresh-{i}"), format!("b-{i}")),
+                _ => ("NO-SUCH", format!("fresh-{i}"), format!("b-{i}")),
+            };
+            let response = app
+                .post(
+                    &format!("/v1/assets/{asset}/reservations"),
+                    Some(&key),
+                    &json!({ "buyer_id": buyer }),
+                )
+                .await;
+            let status = response.status().as_u16();
+            (i, status, response.json::<Value>().await.unwrap())
+        }
+    }))
+    .await;
+    for (i, status, body) in &responses {
+        match i % 4 {
+            0 => {
+                assert_eq!(*status, 200, "replay {i}: {body}");
+                assert_eq!(body["reservation_id"], held["reservation_id"]);
+            }
+            1 => assert_eq!(body["error_code"], "IDEMPOTENCY_KEY_REUSED", "{i}: {body}"),
+            2 => {
+                assert_eq!(*status, 409, "{i}: {body}");
+                assert_eq!(body["error_code"], "ASSET_UNAVAILABLE");
+            }
+            _ => assert_eq!(body["error_code"], "ASSET_NOT_FOUND", "{i}: {body}"),
+        }
+    }
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
+}
+
 backend_tests!(
+    concurrent_requests_each_get_their_own_answer,
     a_hundred_buyers_on_one_asset_make_one_winner,
     thirty_duplicates_of_one_request_hold_once,
     commit_racing_release_ends_consistent,
