@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 results_path, seconds = sys.argv[1], sys.argv[2]
-rows, statuses, rss, xacts, totals = {}, {}, {}, {}, {}
+rows, statuses, rss, xacts, totals, stmts, soak_rss = {}, {}, {}, {}, {}, {}, {}
 for line in open(results_path):
     m = re.match(r"(.+?) RESULT requests=(\d+) seconds=([\d.]+) p50=(\d+) p99=(\d+) errors=(\d+)", line)
     if m:
@@ -25,21 +25,23 @@ for line in open(results_path):
     if m:
         xacts[m.group(1)] = int(m.group(2))
         continue
+    m = re.match(r"(.+?) STATEMENTS (-?\d+)", line)
+    if m:
+        stmts[m.group(1)] = int(m.group(2))
+        continue
+    m = re.match(r"(\w+) soak rss_at (\d+) (\d+)", line)
+    if m:
+        soak_rss.setdefault(m.group(1), []).append((int(m.group(2)), int(m.group(3))))
+        continue
     m = re.match(r"(\w+) rss_kib (\d+)", line)
     if m:
         rss[m.group(1)] = int(m.group(2))
 
 expected = {"ceiling": {"409"}, "hot-held": {"409"}, "hot-sold": {"409"}, "spread-hold": {"201"},
-            "hold-commit": {"201", "200"}, "replay": {"200"}}
+            "hold-commit": {"201", "200"}, "replay": {"200"}, "soak": {"201"}}
 # (scenario, ceiling it is compared with, target ratio for PostgreSQL)
 plan = [("hot-held", "ceiling", 0.30), ("hot-sold", "ceiling", 0.30), ("spread-hold", "sql-ceiling", 0.70),
         ("hold-commit", "ceiling", None), ("replay", "ceiling", 0.30)]
-
-# Round trips to PostgreSQL per request, by the code: the hold snapshot (clock,
-# asset, stored answer) is one; a winning hold with the per-buyer limit adds
-# BEGIN, the buyer lock, the hold statement and COMMIT; a commit reads its
-# snapshot, then BEGIN, the transition, the event, the stored answer, COMMIT.
-STATEMENTS = {"hot-held": "1", "hot-sold": "1", "spread-hold": "5", "hold-commit": "5 and 6", "replay": "1"}
 
 unexpected_total = 0
 def unexpected(name, scenario):
@@ -68,8 +70,8 @@ lines += [
     "handler answering a body of a 409's size; the SQL ceiling is pgbench (64 clients) running the service's own "
     "hold statements (snapshot read, then buyer lock and hold in one transaction). Latencies in ms.",
     "",
-    "| scenario | backend | req/s | p50 | p99 | unexpected answers | ratio to ceiling | target (PostgreSQL) | p99 / ceiling p99 | statements / transactions per request |",
-    "|---|---|---:|---:|---:|---:|---:|---|---:|---|",
+    "| scenario | backend | req/s | p50 | p99 | unexpected answers | ratio to ceiling | target (PostgreSQL) | p99 / ceiling p99 | statements per request | transactions per request |",
+    "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
 ]
 for name in ("ceiling", "sql-ceiling"):
     if name in rows:
@@ -77,7 +79,7 @@ for name in ("ceiling", "sql-ceiling"):
         bad = unexpected(name, "ceiling") if name == "ceiling" else r["errors"]
         unexpected_total += bad
         label = "HTTP ceiling" if name == "ceiling" else "SQL ceiling (hold)"
-        lines.append(f"| {label} | – | {r['rps']:.0f} | {ms(r['p50'])} | {ms(r['p99'])} | {bad} | 1.00 | | 1.0 | |")
+        lines.append(f"| {label} | – | {r['rps']:.0f} | {ms(r['p50'])} | {ms(r['p99'])} | {bad} | 1.00 | | 1.0 | | |")
 verdicts = []
 for backend in ("postgres", "sqlite"):
     for scenario, ceiling, target in plan:
@@ -94,17 +96,36 @@ for backend in ("postgres", "sqlite"):
             met = ratio >= target and p99_ratio <= 5
             goal = f"≥ {target:.2f} × {'SQL' if ceiling == 'sql-ceiling' else 'HTTP'}: {'met' if met else 'missed'}"
             verdicts.append((scenario, met))
-        trips = ""
-        if backend == "postgres":
-            # Statements per request from the code; transactions measured by PostgreSQL (warm-up included).
-            per = xacts.get(name, 0) / max(totals.get(name, 1), 1)
-            trips = f"{STATEMENTS[scenario]} / {per:.2f}"
+        # Statements counted by the server's driver, transactions by PostgreSQL,
+        # both over the measured run alone.
+        count = max(totals.get(name, 1), 1)
+        per_stmt = f"{stmts[name] / count:.2f}" if name in stmts else ""
+        per_xact = f"{xacts[name] / count:.2f}" if backend == "postgres" and name in xacts else ""
         lines.append(f"| {scenario} | {backend} | {r['rps']:.0f} | {ms(r['p50'])} | {ms(r['p99'])} | {bad} | "
-                     f"{ratio:.2f} | {goal} | {p99_ratio:.1f} | {trips} |")
+                     f"{ratio:.2f} | {goal} | {p99_ratio:.1f} | {per_stmt} | {per_xact} |")
 lines.append("")
 for backend, kib in rss.items():
     lines.append(f"Peak RSS of the {backend}-backed server: {kib / 1024:.1f} MiB (target ≤ 64 MiB: {'met' if kib <= 65536 else 'missed'}).")
 lines.append("")
+if soak_rss:
+    lines += ["Memory over a long run: spread holds on fresh assets, resident memory sampled every 5 s "
+              "(no growth: the last sample within 5 % of the one at 10 s).", "",
+              "| backend | duration | req/s | unexpected answers | RSS at 10 s | RSS at the end | growth | verdict |",
+              "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for backend, samples in soak_rss.items():
+        name = f"{backend} soak"
+        first = dict(samples).get(10, samples[0][1])
+        last_t, last = samples[-1]
+        growth = (last - first) / first
+        bad = unexpected(name, "soak") + rows.get(name, {}).get("errors", 0)
+        unexpected_total += bad
+        rps = rows.get(name, {}).get("rps", 0)
+        met = growth <= 0.05
+        if backend == "postgres":
+            verdicts.append(("no growth", met))
+        lines.append(f"| {backend} | {last_t} s | {rps:.0f} | {bad} | {first / 1024:.1f} MiB | {last / 1024:.1f} MiB | "
+                     f"{growth * 100:+.1f} % | {'met' if met else 'missed'} |")
+    lines.append("")
 lines.append("Unexpected answers (a 5xx, a 201 on the hot asset, …) fail the run: "
              f"{unexpected_total} in this run.")
 print("\n".join(lines))

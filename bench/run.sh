@@ -40,13 +40,36 @@ wait_ready() { # url: until it answers (any status)
   echo "not ready: $1" >&2; return 1
 }
 
-# load NAME PORT MODE [env…]: warm-up, then the measured run; prints RESULT and STATUSES.
+# PostgreSQL's own count of transactions in the benchmark database.
+xacts() {
+  if [[ -n "${pg_db:-}" && "$1" == postgres ]]; then
+    psql -h 127.0.0.1 -U postgres -Atc "SELECT pg_stat_force_next_flush(); SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '$pg_db'" | tail -n 1
+  else
+    echo 0
+  fi
+}
+
+# Statements the server has sent to its database (its own driver's count).
+statements() { curl -s "http://127.0.0.1:$1/metrics" | awk '/^holdfast_db_statements_total / {print int($2)}'; }
+
+# load NAME PORT MODE [env…]: warm-up, then the measured run; prints RESULT
+# and STATUSES, and the database statements and transactions of the
+# measured run alone.
 load() {
   local name=$1 port=$2 mode=$3; shift 3
   env BENCH_MODE="$mode" BENCH_PREFIX=W "$@" wrk -t$threads -c$connections -d${warmup}s -s bench/load.lua "http://127.0.0.1:$port" >/dev/null
+  local s0 x0 s1 x1
+  s0=$(statements "$port"); x0=$(xacts "${name%% *}")
   env BENCH_MODE="$mode" BENCH_PREFIX=M "$@" wrk -t$threads -c$connections -d${seconds}s -s bench/load.lua "http://127.0.0.1:$port" \
     >"$work/$name.out"
+  s1=$(statements "$port")
   grep -E '^(RESULT|STATUSES)' "$work/$name.out" | sed "s/^/$name /"
+  if [[ -n "$s0" ]]; then
+    sleep 1.5 # PostgreSQL's backends flush their statistics at most once a second
+    x1=$(xacts "${name%% *}")
+    echo "$name STATEMENTS $((s1 - s0))"
+    echo "$name XACTS $((x1 - x0))"
+  fi
 }
 
 peak_rss_kib() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
@@ -63,7 +86,7 @@ load ceiling 18300 ceiling >>"$results"
 # scenarios: warm-up and measured runs never meet the same asset.
 per_thread=${BENCH_ASSETS_PER_THREAD:-120000}
 seed_sql() {
-  for p in W M HW HM; do
+  for p in W M HW HM S; do
     echo "INSERT INTO assets (id, name, created_at, updated_at)
           SELECT '$p-' || t || '-' || n, 'lot', now(), now()
           FROM generate_series(0, $((threads - 1))) t, generate_series(1, $per_thread) n;"
@@ -93,25 +116,26 @@ prepare() { # port: the hot HELD asset, the SOLD one, the replayed hold
   api "$1" POST /v1/assets/REPLAY/reservations replay-key '{"buyer_id":"replayer"}' >/dev/null
 }
 
-# PostgreSQL's own count of transactions in the benchmark database.
-xacts() {
-  if [[ -n "${pg_db:-}" && "$1" == postgres ]]; then
-    psql -h 127.0.0.1 -U postgres -Atc "SELECT pg_stat_force_next_flush(); SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '$pg_db'" | tail -n 1
-  else
-    echo 0
-  fi
-}
-
-# run BACKEND PORT SCENARIO MODE [env…]: one scenario, with the database
-# transactions it caused per request (PostgreSQL).
+# run BACKEND PORT SCENARIO MODE [env…]
 run() {
   local backend=$1 port=$2 scenario=$3 mode=$4; shift 4
-  local before after
-  before=$(xacts "$backend")
   load "$backend $scenario" "$port" "$mode" "$@" >>"$results"
-  sleep 1.5 # backends flush their statistics at most once a second
-  after=$(xacts "$backend")
-  echo "$backend $scenario XACTS $((after - before))" >>"$results"
+}
+
+# soak BACKEND PORT: spread holds for BENCH_SOAK_SECONDS (60) on fresh
+# assets, the server's resident memory sampled every 5 s.
+soak() {
+  local backend=$1 port=$2 soak_seconds=${BENCH_SOAK_SECONDS:-60}
+  say "$backend: ${soak_seconds} s soak"
+  BENCH_MODE=spread BENCH_PREFIX=S wrk -t$threads -c$connections -d${soak_seconds}s -s bench/load.lua \
+    "http://127.0.0.1:$port" >"$work/$backend-soak.out" &
+  local wrk_pid=$!
+  for t in $(seq 5 5 "$soak_seconds"); do
+    sleep 5
+    echo "$backend soak rss_at $t $(awk '/VmRSS/ {print $2}' "/proc/$server_pid/status")" >>"$results"
+  done
+  wait "$wrk_pid"
+  grep -E '^(RESULT|STATUSES)' "$work/$backend-soak.out" | sed "s/^/$backend soak /" >>"$results"
 }
 
 scenarios() { # backend port
@@ -132,6 +156,7 @@ seed_sql | psql -q -h 127.0.0.1 -U postgres "$pg_db" >/dev/null
 psql -q -h 127.0.0.1 -U postgres "$pg_db" -c "VACUUM ANALYZE" >/dev/null
 prepare 18301
 scenarios postgres 18301
+soak postgres 18301
 echo "postgres rss_kib $(peak_rss_kib "$server_pid")" >>"$results"
 kill "$server_pid"
 
@@ -168,11 +193,12 @@ db, threads, per_thread = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 c = sqlite3.connect(db, timeout=30)
 c.executemany("INSERT INTO assets (id, name, created_at, updated_at) VALUES (?, 'lot', ?, ?)",
-              ((f"{p}-{t}-{n}", now, now) for p in ("W", "M", "HW", "HM") for t in range(threads) for n in range(1, per_thread + 1)))
+              ((f"{p}-{t}-{n}", now, now) for p in ("W", "M", "HW", "HM", "S") for t in range(threads) for n in range(1, per_thread + 1)))
 c.commit()
 PY
 prepare 18302
 scenarios sqlite 18302
+soak sqlite 18302
 echo "sqlite rss_kib $(peak_rss_kib "$server_pid")" >>"$results"
 
 python3 bench/report.py "$results" "$seconds" >bench/RESULTS.md
