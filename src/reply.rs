@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::domain::{
-    format_timestamp, AssetStatus, FieldError, Refund, RefundReason, Reservation, Timestamp,
+    format_timestamp, Asset, AssetStatus, FieldError, Refund, RefundReason, Reservation, Timestamp,
 };
 
 /// An HTTP answer reduced to what idempotency stores: status, body, Location.
@@ -90,6 +90,10 @@ error_codes! {
     PaymentReferenceUsed => 409, "PAYMENT_REFERENCE_USED";
     IdempotencyKeyInUse => 409, "IDEMPOTENCY_KEY_IN_USE";
     HoldLimitReached => 409, "HOLD_LIMIT_REACHED";
+    SaleNotOpen => 409, "SALE_NOT_OPEN";
+    HoldExtensionLimit => 409, "HOLD_EXTENSION_LIMIT";
+    AssetHeld => 409, "ASSET_HELD";
+    AssetSold => 409, "ASSET_SOLD";
     PayloadTooLarge => 413, "PAYLOAD_TOO_LARGE";
     UnsupportedMediaType => 415, "UNSUPPORTED_MEDIA_TYPE";
     ValidationFailed => 422, "VALIDATION_FAILED";
@@ -204,6 +208,10 @@ pub fn commit_refused(reason: RefundReason, reservation: &Reservation, refund: &
             ErrorCode::AlreadyCommitted,
             "The reservation was already committed with another payment; this payment is to be refunded.",
         ),
+        RefundReason::SaleVoided => (
+            ErrorCode::ReservationNotActive,
+            "The sale was voided; the payment is to be refunded.",
+        ),
     };
     Problem::new(code, message)
         .with("reservation", reservation)
@@ -227,6 +235,38 @@ pub fn reservation_not_active(reservation: &Reservation) -> Problem {
         ),
     )
     .with("reservation", reservation)
+}
+
+pub fn sale_not_open(available_from: Timestamp) -> Problem {
+    Problem::new(
+        ErrorCode::SaleNotOpen,
+        "The sale of this asset has not opened yet; hold it from available_from on.",
+    )
+    .with("available_from", format_timestamp(&available_from))
+}
+
+pub fn hold_extension_limit(reservation: &Reservation, max_total_seconds: i64) -> Problem {
+    Problem::new(
+        ErrorCode::HoldExtensionLimit,
+        format!("A hold may last at most {max_total_seconds} seconds from its creation; commit or release it."),
+    )
+    .with("reservation", reservation)
+}
+
+pub fn asset_held(asset: &Asset) -> Problem {
+    Problem::new(
+        ErrorCode::AssetHeld,
+        "The asset is held by a buyer; withdraw it with {\"force\": true} to end that hold.",
+    )
+    .with("asset", asset)
+}
+
+pub fn asset_sold(asset: &Asset) -> Problem {
+    Problem::new(
+        ErrorCode::AssetSold,
+        "The asset is sold; void the sale first.",
+    )
+    .with("asset", asset)
 }
 
 pub fn hold_limit_reached(limit: i64) -> Problem {

@@ -14,8 +14,8 @@ pub use model::{
     ReservationStatus,
 };
 pub use rules::{
-    commit_decision, hold_decision, release_decision, CommitDecision, HoldBounds, HoldDecision,
-    ReleaseDecision,
+    commit_decision, extension_allowed, hold_decision, release_decision, withdraw_decision,
+    CommitDecision, HoldBounds, HoldDecision, HoldTarget, ReleaseDecision, WithdrawDecision,
 };
 pub use time::{format_timestamp, Timestamp};
 

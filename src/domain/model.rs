@@ -42,15 +42,22 @@ macro_rules! text_enum {
 
 text_enum!(
     /// The effective status of an asset.
-    AssetStatus { Available => "AVAILABLE", Held => "HELD", Sold => "SOLD" }
+    AssetStatus {
+        Available => "AVAILABLE",
+        Held => "HELD",
+        Sold => "SOLD",
+        Withdrawn => "WITHDRAWN",
+    }
 );
 text_enum!(
-    /// The effective status of a reservation; all but HELD are terminal.
+    /// The effective status of a reservation: HELD ends COMMITTED, RELEASED
+    /// or EXPIRED; a COMMITTED sale may later be VOIDED.
     ReservationStatus {
         Held => "HELD",
         Committed => "COMMITTED",
         Released => "RELEASED",
         Expired => "EXPIRED",
+        Voided => "VOIDED",
     }
 );
 text_enum!(
@@ -59,6 +66,7 @@ text_enum!(
         HoldExpired => "HOLD_EXPIRED",
         ReservationReleased => "RESERVATION_RELEASED",
         AlreadyCommitted => "ALREADY_COMMITTED",
+        SaleVoided => "SALE_VOIDED",
     }
 );
 text_enum!(
@@ -80,6 +88,14 @@ pub enum EventType {
     RefundRequested,
     #[serde(rename = "refund.completed")]
     RefundCompleted,
+    #[serde(rename = "reservation.extended")]
+    ReservationExtended,
+    #[serde(rename = "reservation.voided")]
+    ReservationVoided,
+    #[serde(rename = "asset.withdrawn")]
+    AssetWithdrawn,
+    #[serde(rename = "asset.reinstated")]
+    AssetReinstated,
 }
 
 text_enum!(@methods EventType {
@@ -89,6 +105,10 @@ text_enum!(@methods EventType {
     ReservationExpired => "reservation.expired",
     RefundRequested => "refund.requested",
     RefundCompleted => "refund.completed",
+    ReservationExtended => "reservation.extended",
+    ReservationVoided => "reservation.voided",
+    AssetWithdrawn => "asset.withdrawn",
+    AssetReinstated => "asset.reinstated",
 });
 
 /// A one-of-a-kind asset as clients see it.
@@ -112,6 +132,10 @@ pub struct Asset {
     pub hold_expires_at: Option<Timestamp>,
     /// Set while HELD or SOLD.
     pub current_reservation_id: Option<String>,
+    /// Holds before this instant answer 409 SALE_NOT_OPEN; null when on sale.
+    #[serde(serialize_with = "serde_ts::option::serialize")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub available_from: Option<Timestamp>,
     /// Grows by one on every state change of the asset.
     #[schema(minimum = 1)]
     pub version: i64,
@@ -160,6 +184,10 @@ pub struct Reservation {
     #[schema(value_type = Option<String>, format = DateTime)]
     pub released_at: Option<Timestamp>,
     pub payment_reference: Option<String>,
+    /// When a COMMITTED sale was voided; its payment reference stays used.
+    #[serde(serialize_with = "serde_ts::option::serialize")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub voided_at: Option<Timestamp>,
     /// Every refund triggered for this reservation, oldest first.
     pub refunds: Vec<Refund>,
     /// The client (API key name) that created it; not shown.

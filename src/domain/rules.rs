@@ -23,10 +23,22 @@ impl HoldBounds {
     }
 }
 
+/// What a hold needs to know of the stored asset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldTarget {
+    pub status: AssetStatus,
+    pub hold_expires_at: Option<Timestamp>,
+    pub available_from: Option<Timestamp>,
+}
+
 /// What a hold request must do, judged from a consistent read of the asset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldDecision {
     NotFound,
+    /// The asset's sale opens later: 409 and nothing is written.
+    SaleNotOpen {
+        available_from: Timestamp,
+    },
     /// Taken: the answer is 409 and nothing is written.
     Unavailable {
         status: AssetStatus,
@@ -38,19 +50,56 @@ pub enum HoldDecision {
     Reclaim,
 }
 
-pub fn hold_decision(
-    stored: Option<(AssetStatus, Option<Timestamp>)>,
-    now: Timestamp,
-) -> HoldDecision {
-    match stored {
-        None => HoldDecision::NotFound,
-        Some((AssetStatus::Available, _)) => HoldDecision::Claim,
-        Some((AssetStatus::Held, Some(expiry))) if expiry <= now => HoldDecision::Reclaim,
-        Some((status, hold_expires_at)) => HoldDecision::Unavailable {
-            status,
-            hold_expires_at,
-        },
+pub fn hold_decision(stored: Option<HoldTarget>, now: Timestamp) -> HoldDecision {
+    let Some(target) = stored else {
+        return HoldDecision::NotFound;
+    };
+    let free = match (target.status, target.hold_expires_at) {
+        (AssetStatus::Available, _) => HoldDecision::Claim,
+        (AssetStatus::Held, Some(expiry)) if expiry <= now => HoldDecision::Reclaim,
+        (status, hold_expires_at) => {
+            return HoldDecision::Unavailable {
+                status,
+                hold_expires_at,
+            }
+        }
+    };
+    match target.available_from {
+        Some(available_from) if available_from > now => {
+            HoldDecision::SaleNotOpen { available_from }
+        }
+        _ => free,
     }
+}
+
+/// What withdrawing an asset must do, by its effective status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WithdrawDecision {
+    Withdraw,
+    /// A live hold and `force`: release it, then withdraw.
+    ReleaseAndWithdraw,
+    /// Withdrawn before: 200, nothing changes.
+    AlreadyWithdrawn,
+    /// A live hold without `force`: 409 ASSET_HELD.
+    Held,
+    /// Sold: 409 ASSET_SOLD.
+    Sold,
+}
+
+pub fn withdraw_decision(status: AssetStatus, force: bool) -> WithdrawDecision {
+    match status {
+        AssetStatus::Available => WithdrawDecision::Withdraw,
+        AssetStatus::Held if force => WithdrawDecision::ReleaseAndWithdraw,
+        AssetStatus::Held => WithdrawDecision::Held,
+        AssetStatus::Sold => WithdrawDecision::Sold,
+        AssetStatus::Withdrawn => WithdrawDecision::AlreadyWithdrawn,
+    }
+}
+
+/// Whether a hold created at `created_at` may run until `until`, when no
+/// hold may last longer than `max_total_seconds` from its creation.
+pub fn extension_allowed(created_at: Timestamp, until: Timestamp, max_total_seconds: i64) -> bool {
+    (until - created_at).num_milliseconds() <= max_total_seconds.saturating_mul(1000)
 }
 
 /// What a commit must do, by the reservation's effective status (CONTRACT.md's commit table).
@@ -77,6 +126,9 @@ pub fn commit_decision(
             CommitDecision::AlreadyCommittedWithThisPayment
         }
         ReservationStatus::Committed => CommitDecision::Refuse(RefundReason::AlreadyCommitted),
+        // Any payment for a voided sale, its own included, is given back
+        // unless it already was.
+        ReservationStatus::Voided => CommitDecision::Refuse(RefundReason::SaleVoided),
     }
 }
 
@@ -94,7 +146,9 @@ pub fn release_decision(status: ReservationStatus) -> ReleaseDecision {
     match status {
         ReservationStatus::Held => ReleaseDecision::Release,
         ReservationStatus::Released => ReleaseDecision::AlreadyReleased,
-        ReservationStatus::Committed | ReservationStatus::Expired => ReleaseDecision::NotActive,
+        ReservationStatus::Committed | ReservationStatus::Expired | ReservationStatus::Voided => {
+            ReleaseDecision::NotActive
+        }
     }
 }
 
@@ -105,6 +159,64 @@ mod tests {
 
     fn now() -> Timestamp {
         Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0).unwrap()
+    }
+
+    fn target(status: AssetStatus, hold_expires_at: Option<Timestamp>) -> HoldTarget {
+        HoldTarget {
+            status,
+            hold_expires_at,
+            available_from: None,
+        }
+    }
+
+    #[test]
+    fn sale_opening_gates_only_free_assets() {
+        let opens = now() + Duration::seconds(60);
+        let gated = |status, expiry| HoldTarget {
+            status,
+            hold_expires_at: expiry,
+            available_from: Some(opens),
+        };
+        assert_eq!(
+            hold_decision(Some(gated(AssetStatus::Available, None)), now()),
+            HoldDecision::SaleNotOpen {
+                available_from: opens
+            }
+        );
+        assert_eq!(
+            hold_decision(Some(gated(AssetStatus::Available, None)), opens),
+            HoldDecision::Claim
+        );
+        assert!(matches!(
+            hold_decision(Some(gated(AssetStatus::Withdrawn, None)), now()),
+            HoldDecision::Unavailable { .. }
+        ));
+    }
+
+    #[test]
+    fn withdraw_and_extension_rules() {
+        assert_eq!(
+            withdraw_decision(AssetStatus::Held, false),
+            WithdrawDecision::Held
+        );
+        assert_eq!(
+            withdraw_decision(AssetStatus::Held, true),
+            WithdrawDecision::ReleaseAndWithdraw
+        );
+        assert_eq!(
+            withdraw_decision(AssetStatus::Sold, true),
+            WithdrawDecision::Sold
+        );
+        assert!(extension_allowed(
+            now(),
+            now() + Duration::seconds(7200),
+            7200
+        ));
+        assert!(!extension_allowed(
+            now(),
+            now() + Duration::seconds(7201),
+            7200
+        ));
     }
 
     #[test]
@@ -127,26 +239,26 @@ mod tests {
         let earlier = now() - Duration::seconds(5);
         assert_eq!(hold_decision(None, now()), HoldDecision::NotFound);
         assert_eq!(
-            hold_decision(Some((AssetStatus::Available, None)), now()),
+            hold_decision(Some(target(AssetStatus::Available, None)), now()),
             HoldDecision::Claim
         );
         assert_eq!(
-            hold_decision(Some((AssetStatus::Held, Some(earlier))), now()),
+            hold_decision(Some(target(AssetStatus::Held, Some(earlier))), now()),
             HoldDecision::Reclaim
         );
         assert_eq!(
-            hold_decision(Some((AssetStatus::Held, Some(now()))), now()),
+            hold_decision(Some(target(AssetStatus::Held, Some(now()))), now()),
             HoldDecision::Reclaim
         );
         assert_eq!(
-            hold_decision(Some((AssetStatus::Held, Some(later))), now()),
+            hold_decision(Some(target(AssetStatus::Held, Some(later))), now()),
             HoldDecision::Unavailable {
                 status: AssetStatus::Held,
                 hold_expires_at: Some(later)
             }
         );
         assert_eq!(
-            hold_decision(Some((AssetStatus::Sold, None)), now()),
+            hold_decision(Some(target(AssetStatus::Sold, None)), now()),
             HoldDecision::Unavailable {
                 status: AssetStatus::Sold,
                 hold_expires_at: None

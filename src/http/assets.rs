@@ -1,6 +1,6 @@
 //! Assets: create, read, list, timeline.
 
-use actix_web::{get, post, web, HttpResponse};
+use actix_web::{get, patch, post, web, HttpResponse};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -9,9 +9,9 @@ use utoipa::{IntoParams, ToSchema};
 use super::error::{respond, ApiError};
 use super::extract::{page_limit, JsonBody, Validator};
 use super::AppState;
-use crate::domain::{Asset, AssetId, AssetStatus, Event};
+use crate::domain::{Asset, AssetId, AssetStatus, Event, Timestamp};
 use crate::reply::{self, ErrorCode, Problem, Reply};
-use crate::store::AssetPage;
+use crate::store::{AssetPage, ReinstateOutcome, WithdrawOutcome};
 
 /// A new asset.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -26,6 +26,45 @@ pub struct CreateAssetRequest {
         example = "Caterpillar 320 excavator"
     )]
     pub name: String,
+    /// When the sale opens (RFC 3339); holds before it answer 409 SALE_NOT_OPEN.
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-01T09:00:00Z")]
+    #[serde(default)]
+    pub available_from: Option<String>,
+}
+
+/// Changes to an asset: only when its sale opens, for now.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateAssetRequest {
+    /// When the sale opens (RFC 3339), or null to open it now.
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-01T09:00:00Z")]
+    #[serde(default, deserialize_with = "present")]
+    pub available_from: Option<Option<String>>,
+}
+
+/// Withdrawal takes no body, `{}`, or `{"force": true}`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WithdrawAssetRequest {
+    /// Also end a live hold (its reservation becomes RELEASED).
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// Reinstatement takes no body, or `{}`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReinstateAssetRequest {}
+
+/// Tells a member given as null (`Some(None)`) from a missing one (`None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
+}
+
+fn parse_instant(text: &str) -> Result<Timestamp, String> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|_| "must be an RFC 3339 date-time, e.g. 2026-12-01T09:00:00Z".to_owned())
 }
 
 const NAME_MAX: usize = 255;
@@ -61,11 +100,15 @@ pub async fn create_asset(
     let mut v = Validator::default();
     let id = v.check("id", AssetId::parse(&body.value.id));
     let name = v.check("name", parse_name(&body.value.name));
+    let available_from = match body.value.available_from.as_deref() {
+        Some(text) => v.check("available_from", parse_instant(text)).map(Some),
+        None => Some(None),
+    };
     v.finish()?;
-    let (Some(id), Some(name)) = (id, name) else {
+    let (Some(id), Some(name), Some(available_from)) = (id, name, available_from) else {
         return Err(ApiError::new(ErrorCode::ValidationFailed, "invalid asset"));
     };
-    match state.store.create_asset(&id, &name).await? {
+    match state.store.create_asset(&id, &name, available_from).await? {
         Some(asset) => {
             let mut reply = Reply::json(201, &asset);
             reply.location = Some(format!("/v1/assets/{}", asset.id));
@@ -76,6 +119,105 @@ pub async fn create_asset(
             "An asset with this id already exists.",
         )
         .into()),
+    }
+}
+
+/// Set or clear when an asset's sale opens.
+#[utoipa::path(
+    tag = "assets",
+    operation_id = "update_asset",
+    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")),
+    request_body = UpdateAssetRequest,
+    responses(
+        (status = 200, description = "The asset as changed", body = Asset),
+    )
+)]
+#[patch("/v1/assets/{asset_id}")]
+pub async fn update_asset(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: JsonBody<UpdateAssetRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    let mut v = Validator::default();
+    let available_from = match &body.value.available_from {
+        Some(Some(text)) => v.check("available_from", parse_instant(text)).map(Some),
+        Some(None) => Some(None),
+        None => v.check("available_from", Err("is the member to change".to_owned())),
+    };
+    v.finish()?;
+    let Some(available_from) = available_from else {
+        return Err(ApiError::new(
+            ErrorCode::ValidationFailed,
+            "nothing to change",
+        ));
+    };
+    match state.store.set_available_from(&id, available_from).await? {
+        Some(asset) => Ok(respond(Reply::json(200, &asset))),
+        None => Err(reply::asset_not_found().into()),
+    }
+}
+
+/// Take an asset off sale.
+///
+/// An AVAILABLE asset becomes WITHDRAWN: holds answer 409 ASSET_UNAVAILABLE
+/// until it is reinstated. A held asset needs `{"force": true}`, which ends
+/// the hold (its reservation becomes RELEASED; a later commit is refunded).
+/// Withdrawing a withdrawn asset changes nothing. Safe to retry: no key needed.
+#[utoipa::path(
+    tag = "assets",
+    operation_id = "withdraw_asset",
+    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")),
+    request_body(content = Option<WithdrawAssetRequest>, description = "Optional"),
+    responses(
+        (status = 200, description = "The asset, WITHDRAWN", body = Asset),
+    )
+)]
+#[post("/v1/assets/{asset_id}/withdraw")]
+pub async fn withdraw_asset(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    body: JsonBody<WithdrawAssetRequest, true>,
+) -> Result<HttpResponse, ApiError> {
+    let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    let force = body.value.force;
+    match state.store.withdraw(&id, force).await? {
+        WithdrawOutcome::Withdrawn(asset) => {
+            tracing::info!(asset_id = %asset.id, force, "asset withdrawn");
+            Ok(respond(Reply::json(200, &asset)))
+        }
+        WithdrawOutcome::Unchanged(asset) => Ok(respond(Reply::json(200, &asset))),
+        WithdrawOutcome::Held(asset) => Err(reply::asset_held(&asset).into()),
+        WithdrawOutcome::Sold(asset) => Err(reply::asset_sold(&asset).into()),
+        WithdrawOutcome::NotFound => Err(reply::asset_not_found().into()),
+    }
+}
+
+/// Put a withdrawn asset back on sale (AVAILABLE). Any other asset is
+/// answered as it is. Safe to retry: no key needed.
+#[utoipa::path(
+    tag = "assets",
+    operation_id = "reinstate_asset",
+    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")),
+    request_body(content = Option<ReinstateAssetRequest>, description = "Optional"),
+    responses(
+        (status = 200, description = "The asset", body = Asset),
+    )
+)]
+#[post("/v1/assets/{asset_id}/reinstate")]
+pub async fn reinstate_asset(
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    _body: JsonBody<ReinstateAssetRequest, true>,
+) -> Result<HttpResponse, ApiError> {
+    let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    match state.store.reinstate(&id).await? {
+        ReinstateOutcome::Reinstated(asset) => {
+            tracing::info!(asset_id = %asset.id, "asset reinstated");
+            Ok(respond(Reply::json(200, &asset)))
+        }
+        ReinstateOutcome::Unchanged(asset) => Ok(respond(Reply::json(200, &asset))),
+        ReinstateOutcome::NotFound => Err(reply::asset_not_found().into()),
     }
 }
 

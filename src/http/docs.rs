@@ -59,11 +59,21 @@ const GUARDED: &[(u16, &[ErrorCode])] = &[
 fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
     let own: &[(u16, &[ErrorCode])] = match operation_id {
         "create_asset" => &[(409, &[AssetExists]), (422, &[ValidationFailed])],
-        "get_asset" | "list_asset_events" => &[(404, &[AssetNotFound])],
+        "get_asset" | "list_asset_events" | "reinstate_asset" => &[(404, &[AssetNotFound])],
+        "update_asset" => &[(404, &[AssetNotFound]), (422, &[ValidationFailed])],
+        "withdraw_asset" => &[(404, &[AssetNotFound]), (409, &[AssetHeld, AssetSold])],
         "list_assets" => &[(422, &[ValidationFailed])],
         "hold_asset" => &[
             (404, &[AssetNotFound]),
-            (409, &[AssetUnavailable, IdempotencyKeyInUse]),
+            (
+                409,
+                &[
+                    AssetUnavailable,
+                    SaleNotOpen,
+                    HoldLimitReached,
+                    IdempotencyKeyInUse,
+                ],
+            ),
         ],
         "get_reservation" => &[(404, &[ReservationNotFound])],
         "commit_reservation" => &[
@@ -90,7 +100,7 @@ fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
         _ => return Vec::new(),
     };
     let body: &[(u16, &[ErrorCode])] = match operation_id {
-        "create_asset" => BODY,
+        "create_asset" | "update_asset" | "withdraw_asset" | "reinstate_asset" => BODY,
         "hold_asset" | "commit_reservation" | "release_reservation" | "complete_refund" => {
             KEYED_BODY
         }
@@ -131,6 +141,11 @@ fn example(code: ErrorCode) -> Value {
         EventNotFound => reply::event_not_found(),
         ServiceUnavailable => reply::service_unavailable(),
         HoldLimitReached => reply::hold_limit_reached(5),
+        SaleNotOpen => reply::sale_not_open(
+            chrono::DateTime::parse_from_rfc3339("2026-12-01T09:00:00Z")
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .unwrap_or_default(),
+        ),
         other => Problem::new(other, describe(other)),
     };
     serde_json::from_str(&problem.into_reply().body).unwrap_or(Value::Null)
@@ -157,6 +172,10 @@ pub fn describe(code: ErrorCode) -> &'static str {
         PaymentReferenceUsed => "This payment_reference already committed another reservation.",
         IdempotencyKeyInUse => "A request with this key is still running; retry shortly.",
         HoldLimitReached => "The buyer already has the maximum of live holds.",
+        SaleNotOpen => "The asset's sale has not opened yet; see available_from.",
+        HoldExtensionLimit => "The hold would outlive HOLDFAST_HOLD_MAX_TOTAL_SECONDS from its creation.",
+        AssetHeld => "The asset has a live hold; withdraw with force to end it.",
+        AssetSold => "The asset is sold; void the sale first.",
         PayloadTooLarge => "The body is over the size limit.",
         UnsupportedMediaType => "The body is not sent as application/json.",
         ValidationFailed => "Fields break their rules; see errors.",

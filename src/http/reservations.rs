@@ -135,6 +135,10 @@ pub async fn hold_asset(
             count("holdfast_holds_total", "conflict");
             return Err(reply::asset_unavailable(status, hold_expires_at).into());
         }
+        HoldOutcome::SaleNotOpen { available_from } => {
+            count("holdfast_holds_total", "not_open");
+            return Err(reply::sale_not_open(available_from).into());
+        }
         HoldOutcome::LimitReached { limit } => {
             count("holdfast_holds_total", "limit_reached");
             return Err(reply::hold_limit_reached(limit).into());
@@ -317,7 +321,7 @@ fn replayed(metric: &'static str, reply: Reply) -> HttpResponse {
 fn refusal(reason: RefundReason) -> &'static str {
     match reason {
         RefundReason::HoldExpired => "hold_expired",
-        RefundReason::ReservationReleased => "not_active",
+        RefundReason::ReservationReleased | RefundReason::SaleVoided => "not_active",
         RefundReason::AlreadyCommitted => "already_committed",
     }
 }

@@ -14,8 +14,8 @@ use super::{
     StoredAnswer, SweepReport,
 };
 use crate::domain::{
-    commit_decision, hold_decision, release_decision, AssetId, AssetStatus, CommitDecision,
-    EventId, HoldDecision, PaymentReference, Refund, RefundId, RefundReason, RefundStatus,
+    commit_decision, hold_decision, release_decision, AssetId, CommitDecision, EventId,
+    HoldDecision, HoldTarget, PaymentReference, Refund, RefundId, RefundReason, RefundStatus,
     ReleaseDecision, Reservation, ReservationId, ReservationStatus, Timestamp,
 };
 use crate::reply::{self, Reply};
@@ -66,7 +66,7 @@ pub(crate) trait Backend {
         &self,
         asset: &AssetId,
         idempotency: &Idempotency,
-    ) -> impl Future<Output = StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>>> + Send;
+    ) -> impl Future<Output = StoreResult<Snapshot<HoldTarget>>> + Send;
 
     /// Claims the asset for the draft; with `reclaim`, first expires its
     /// lapsed hold in the same transaction. With a per-buyer limit, the
@@ -163,6 +163,9 @@ pub(crate) async fn hold<B: Backend>(backend: &B, req: &HoldRequest) -> StoreRes
         }
         let reclaim = match hold_decision(snap.row, snap.now) {
             HoldDecision::NotFound => return Ok(HoldOutcome::NotFound),
+            HoldDecision::SaleNotOpen { available_from } => {
+                return Ok(HoldOutcome::SaleNotOpen { available_from })
+            }
             HoldDecision::Unavailable {
                 status,
                 hold_expires_at,
@@ -185,6 +188,7 @@ pub(crate) async fn hold<B: Backend>(backend: &B, req: &HoldRequest) -> StoreRes
             committed_at: None,
             released_at: None,
             payment_reference: None,
+            voided_at: None,
             refunds: Vec::new(),
             owner: req.owner.clone(),
         };

@@ -89,6 +89,10 @@ pub enum HoldOutcome {
     LimitReached {
         limit: i64,
     },
+    /// The asset's sale opens at `available_from`; nothing changed.
+    SaleNotOpen {
+        available_from: Timestamp,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -186,6 +190,27 @@ pub enum DeliveryResult {
         error: String,
         retry_in: Option<Duration>,
     },
+}
+
+/// What withdrawing an asset did.
+#[derive(Debug)]
+pub enum WithdrawOutcome {
+    Withdrawn(Asset),
+    /// Withdrawn before: nothing changed.
+    Unchanged(Asset),
+    /// A live hold and no `force`: nothing changed.
+    Held(Asset),
+    Sold(Asset),
+    NotFound,
+}
+
+/// What reinstating an asset did.
+#[derive(Debug)]
+pub enum ReinstateOutcome {
+    Reinstated(Asset),
+    /// Not withdrawn: nothing changed.
+    Unchanged(Asset),
+    NotFound,
 }
 
 /// Filter and position of one page of assets.
@@ -291,8 +316,29 @@ impl Store {
     }
 
     /// `None` when an asset with this id exists.
-    pub async fn create_asset(&self, id: &AssetId, name: &str) -> StoreResult<Option<Asset>> {
-        bounded!(self, "create an asset", s => s.create_asset(id, name))
+    pub async fn create_asset(
+        &self,
+        id: &AssetId,
+        name: &str,
+        available_from: Option<Timestamp>,
+    ) -> StoreResult<Option<Asset>> {
+        bounded!(self, "create an asset", s => s.create_asset(id, name, available_from))
+    }
+
+    pub async fn set_available_from(
+        &self,
+        id: &AssetId,
+        available_from: Option<Timestamp>,
+    ) -> StoreResult<Option<Asset>> {
+        bounded!(self, "set when the sale opens", s => s.set_available_from(id, available_from))
+    }
+
+    pub async fn withdraw(&self, id: &AssetId, force: bool) -> StoreResult<WithdrawOutcome> {
+        bounded!(self, "withdraw the asset", s => s.withdraw(id, force))
+    }
+
+    pub async fn reinstate(&self, id: &AssetId) -> StoreResult<ReinstateOutcome> {
+        bounded!(self, "reinstate the asset", s => s.reinstate(id))
     }
 
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {

@@ -23,18 +23,19 @@ use super::coalesce::Coalescer;
 use super::error::{Abort, Context};
 use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
-    parse_reservation_id, parse_status, Claimed, ClaimedRow, EventRow, FeedRow, HoldSnapshotRow,
-    KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow,
-    TransitionRow, EVENT_COLUMNS,
+    parse_reservation_id, Claimed, ClaimedRow, EventRow, FeedRow, HoldSnapshotRow, KeySnapshotRow,
+    NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow, TransitionRow,
+    EVENT_COLUMNS,
 };
 use super::schema::{assets, events, refunds, reservations};
 use super::{
     AssetPage, Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, RefundPage,
-    StoreError, StoreResult, StoreSettings,
+    ReinstateOutcome, StoreError, StoreResult, StoreSettings, WithdrawOutcome,
 };
 use crate::domain::{
-    Asset, AssetId, AssetStatus, Event, EventId, EventType, PaymentReference, Refund, RefundId,
-    RefundReason, Reservation, ReservationId, Timestamp,
+    withdraw_decision, Asset, AssetId, AssetStatus, Event, EventId, EventType, HoldTarget,
+    PaymentReference, Refund, RefundId, RefundReason, Reservation, ReservationId, Timestamp,
+    WithdrawDecision,
 };
 use crate::reply::{self, Reply};
 
@@ -211,19 +212,152 @@ impl PgStore {
             .context("answer a ping")
     }
 
-    pub async fn create_asset(&self, id: &AssetId, name: &str) -> StoreResult<Option<Asset>> {
+    pub async fn create_asset(
+        &self,
+        id: &AssetId,
+        name: &str,
+        available_from: Option<Timestamp>,
+    ) -> StoreResult<Option<Asset>> {
         let mut conn = self.conn().await?;
         let row = sql_query(
-            "INSERT INTO assets (id, name, created_at, updated_at) VALUES ($1, $2, now(), now()) \
+            "INSERT INTO assets (id, name, available_from, created_at, updated_at) \
+             VALUES ($1, $2, $3, now(), now()) \
              ON CONFLICT (id) DO NOTHING RETURNING now() AS now, *",
         )
         .bind::<Text, _>(id.as_str())
         .bind::<Text, _>(name)
+        .bind::<Nullable<Timestamptz>, _>(available_from)
         .get_result::<NowAssetRow>(&mut conn)
         .await
         .optional()
         .context("create an asset")?;
         row.map(|r| r.asset.into_asset(r.now)).transpose()
+    }
+
+    /// Sets or clears the instant an asset's sale opens.
+    pub async fn set_available_from(
+        &self,
+        id: &AssetId,
+        available_from: Option<Timestamp>,
+    ) -> StoreResult<Option<Asset>> {
+        let mut conn = self.conn().await?;
+        let row = sql_query(
+            "UPDATE assets SET available_from = $2, version = version + 1, updated_at = now() \
+             WHERE id = $1 RETURNING now() AS now, *",
+        )
+        .bind::<Text, _>(id.as_str())
+        .bind::<Nullable<Timestamptz>, _>(available_from)
+        .get_result::<NowAssetRow>(&mut conn)
+        .await
+        .optional()
+        .context("set when the sale opens")?;
+        row.map(|r| r.asset.into_asset(r.now)).transpose()
+    }
+
+    /// Takes an asset off sale under its row lock; with `force`, a live
+    /// hold is released first. A lapsed hold is expired first.
+    pub async fn withdraw(&self, id: &AssetId, force: bool) -> StoreResult<WithdrawOutcome> {
+        let mut conn = self.conn().await?;
+        let id = id.to_string();
+        conn.transaction(async |c| {
+            let now = db_now(c).await?;
+            expire_lapsed(c, Some(&id), now, 1).await?;
+            let row = sql_query("SELECT now() AS now, * FROM assets WHERE id = $1 FOR UPDATE")
+                .bind::<Text, _>(&id)
+                .get_result::<NowAssetRow>(c)
+                .await
+                .optional()
+                .context("lock the asset")?;
+            let Some(row) = row else {
+                return Ok(WithdrawOutcome::NotFound);
+            };
+            let asset = row.asset.into_asset(now)?;
+            match withdraw_decision(asset.status, force) {
+                WithdrawDecision::AlreadyWithdrawn => return Ok(WithdrawOutcome::Unchanged(asset)),
+                WithdrawDecision::Held => return Ok(WithdrawOutcome::Held(asset)),
+                WithdrawDecision::Sold => return Ok(WithdrawOutcome::Sold(asset)),
+                WithdrawDecision::ReleaseAndWithdraw => {
+                    let released = sql_query(
+                        "UPDATE reservations SET status = 'RELEASED', released_at = $2 \
+                         WHERE id = $1 AND status = 'HELD' RETURNING *",
+                    )
+                    .bind::<Text, _>(asset.current_reservation_id.as_deref().unwrap_or_default())
+                    .bind::<Timestamptz, _>(now)
+                    .get_result::<ReservationRow>(c)
+                    .await
+                    .context("release the hold")?
+                    .into_reservation()?;
+                    let sequence = next_sequence(c, &id).await?;
+                    let data = reply::reservation_ok(&released).body;
+                    insert_event(
+                        c,
+                        &NewEvent::new(&id, sequence, EventType::ReservationReleased, data, now),
+                    )
+                    .await?;
+                }
+                WithdrawDecision::Withdraw => {}
+            }
+            let row = sql_query(
+                "UPDATE assets SET status = 'WITHDRAWN', hold_expires_at = NULL, current_reservation_id = NULL, \
+                        version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $2 \
+                 WHERE id = $1 RETURNING now() AS now, *",
+            )
+            .bind::<Text, _>(&id)
+            .bind::<Timestamptz, _>(now)
+            .get_result::<NowAssetRow>(c)
+            .await
+            .context("withdraw the asset")?;
+            let sequence = row.asset.last_event_sequence;
+            let asset = row.asset.into_asset(now)?;
+            let data = serde_json::to_string(&asset).unwrap_or_default();
+            insert_event(
+                c,
+                &NewEvent::new(&id, sequence, EventType::AssetWithdrawn, data, now),
+            )
+            .await?;
+            Ok(WithdrawOutcome::Withdrawn(asset))
+        })
+        .await
+    }
+
+    /// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
+    pub async fn reinstate(&self, id: &AssetId) -> StoreResult<ReinstateOutcome> {
+        let mut conn = self.conn().await?;
+        let id = id.to_string();
+        conn.transaction(async |c| {
+            let row = sql_query(
+                "UPDATE assets SET status = 'AVAILABLE', version = version + 1, \
+                        last_event_sequence = last_event_sequence + 1, updated_at = now() \
+                 WHERE id = $1 AND status = 'WITHDRAWN' RETURNING now() AS now, *",
+            )
+            .bind::<Text, _>(&id)
+            .get_result::<NowAssetRow>(c)
+            .await
+            .optional()
+            .context("reinstate the asset")?;
+            if let Some(row) = row {
+                let (now, sequence) = (row.now, row.asset.last_event_sequence);
+                let asset = row.asset.into_asset(now)?;
+                let data = serde_json::to_string(&asset).unwrap_or_default();
+                insert_event(
+                    c,
+                    &NewEvent::new(&id, sequence, EventType::AssetReinstated, data, now),
+                )
+                .await?;
+                return Ok(ReinstateOutcome::Reinstated(asset));
+            }
+            let row = sql_query("SELECT now() AS now, * FROM assets WHERE id = $1")
+                .bind::<Text, _>(&id)
+                .get_result::<NowAssetRow>(c)
+                .await
+                .optional()
+                .context("read an asset")?;
+            Ok(match row {
+                Some(r) => ReinstateOutcome::Unchanged(r.asset.into_asset(r.now)?),
+                None => ReinstateOutcome::NotFound,
+            })
+        })
+        .await
     }
 
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
@@ -244,7 +378,7 @@ impl PgStore {
              WHERE ($1::text IS NULL OR id > $1) AND CASE $2::text \
                WHEN 'AVAILABLE' THEN status = 'AVAILABLE' OR (status = 'HELD' AND hold_expires_at <= now()) \
                WHEN 'HELD' THEN status = 'HELD' AND hold_expires_at > now() \
-               WHEN 'SOLD' THEN status = 'SOLD' \
+               WHEN 'SOLD' THEN status = 'SOLD' WHEN 'WITHDRAWN' THEN status = 'WITHDRAWN' \
                ELSE true END \
              ORDER BY id LIMIT $3",
         )
@@ -548,24 +682,15 @@ impl Backend for PgStore {
         &self,
         asset: &AssetId,
         idempotency: &Idempotency,
-    ) -> StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>> {
-        let row = self
-            .snapshots
+    ) -> StoreResult<Snapshot<HoldTarget>> {
+        self.snapshots
             .call((
                 asset.to_string(),
                 idempotency.scope.clone(),
                 idempotency.key.to_string(),
             ))
-            .await?;
-        let state = match row.status {
-            Some(s) => Some((parse_status(AssetStatus::parse, &s)?, row.hold_expires_at)),
-            None => None,
-        };
-        Ok(Snapshot {
-            now: row.now,
-            row: state,
-            stored: row.stored.into_answer(),
-        })
+            .await?
+            .into_snapshot()
     }
 
     async fn claim(&self, draft: &HoldDraft<'_>, reclaim: bool) -> StoreResult<Claim> {
@@ -599,7 +724,7 @@ impl Backend for PgStore {
         let row = Prepared(
             sql_query(
                 "SELECT now() AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at, \
-                        r.committed_at, r.released_at, r.payment_reference, r.owner, \
+                        r.committed_at, r.released_at, r.payment_reference, r.owner, r.voided_at, \
                         i.fingerprint, i.status_code, i.body, i.location \
                  FROM (SELECT 1) AS one \
                  LEFT JOIN reservations r ON r.id = $1 \
@@ -795,7 +920,7 @@ async fn finish_transition(
 /// It reads for many requests at once: `$1`, `$2` and `$3` are the requests'
 /// asset ids, key scopes and keys, answered one row each in their order.
 pub const HOLD_SNAPSHOT_SQL: &str = "\
-SELECT now() AS now, a.status, a.hold_expires_at, i.fingerprint, i.status_code, i.body, i.location
+SELECT now() AS now, a.status, a.hold_expires_at, a.available_from, i.fingerprint, i.status_code, i.body, i.location
   FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS r(asset_id, scope, key, ord)
   LEFT JOIN assets a ON a.id = r.asset_id
   LEFT JOIN idempotency_keys i ON i.scope = r.scope AND i.key = r.key
@@ -906,7 +1031,7 @@ WITH live AS (
     UPDATE assets
        SET status = 'HELD', hold_expires_at = $5, current_reservation_id = $2,
            version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $4
-     WHERE id = $1 AND status = 'AVAILABLE'
+     WHERE id = $1 AND status = 'AVAILABLE' AND (available_from IS NULL OR available_from <= $4)
        AND ($14::bigint IS NULL OR (SELECT holds FROM live) < $14)
  RETURNING id, last_event_sequence
 ), reservation AS (

@@ -7,8 +7,8 @@ use diesel::QueryableByName;
 use super::schema::{assets, events, refunds, reservations, Instant};
 use super::{StoreError, StoreResult, StoredAnswer};
 use crate::domain::{
-    Asset, AssetStatus, Event, EventId, EventType, Refund, RefundReason, RefundStatus, Reservation,
-    ReservationId, ReservationStatus, Timestamp,
+    Asset, AssetStatus, Event, EventId, EventType, HoldTarget, Refund, RefundReason, RefundStatus,
+    Reservation, ReservationId, ReservationStatus, Timestamp,
 };
 
 pub(crate) fn parse_status<T>(parse: fn(&str) -> Option<T>, text: &str) -> StoreResult<T> {
@@ -29,8 +29,10 @@ pub(crate) struct AssetRow {
     pub(crate) hold_expires_at: Option<Timestamp>,
     pub(crate) current_reservation_id: Option<String>,
     pub(crate) version: i64,
+    pub(crate) last_event_sequence: i64,
     pub(crate) created_at: Timestamp,
     pub(crate) updated_at: Timestamp,
+    pub(crate) available_from: Option<Timestamp>,
 }
 
 impl AssetRow {
@@ -41,6 +43,7 @@ impl AssetRow {
             status: parse_status(AssetStatus::parse, &self.status)?,
             hold_expires_at: self.hold_expires_at,
             current_reservation_id: self.current_reservation_id,
+            available_from: self.available_from,
             version: self.version,
             created_at: self.created_at,
             updated_at: self.updated_at,
@@ -70,6 +73,7 @@ pub(crate) struct ReservationRow {
     pub(crate) released_at: Option<Timestamp>,
     pub(crate) payment_reference: Option<String>,
     pub(crate) owner: String,
+    pub(crate) voided_at: Option<Timestamp>,
 }
 
 impl ReservationRow {
@@ -85,6 +89,7 @@ impl ReservationRow {
             committed_at: self.committed_at,
             released_at: self.released_at,
             payment_reference: self.payment_reference,
+            voided_at: self.voided_at,
             refunds: Vec::new(),
             owner: self.owner,
         })
@@ -122,6 +127,8 @@ pub(crate) struct MaybeReservationRow {
     pub(crate) payment_reference: Option<String>,
     #[diesel(sql_type = Nullable<Text>)]
     pub(crate) owner: Option<String>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) voided_at: Option<Timestamp>,
 }
 
 impl MaybeReservationRow {
@@ -155,6 +162,7 @@ impl MaybeReservationRow {
             released_at: self.released_at,
             payment_reference: self.payment_reference,
             owner: self.owner.unwrap_or_default(),
+            voided_at: self.voided_at,
         }
         .into_reservation()
         .map(Some)
@@ -193,8 +201,28 @@ pub(crate) struct HoldSnapshotRow {
     pub(crate) status: Option<String>,
     #[diesel(sql_type = Nullable<Instant>)]
     pub(crate) hold_expires_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) available_from: Option<Timestamp>,
     #[diesel(embed)]
     pub(crate) stored: MaybeStoredRow,
+}
+
+impl HoldSnapshotRow {
+    pub(crate) fn into_snapshot(self) -> StoreResult<super::flow::Snapshot<HoldTarget>> {
+        let row = match self.status {
+            Some(s) => Some(HoldTarget {
+                status: parse_status(AssetStatus::parse, &s)?,
+                hold_expires_at: self.hold_expires_at,
+                available_from: self.available_from,
+            }),
+            None => None,
+        };
+        Ok(super::flow::Snapshot {
+            now: self.now,
+            row,
+            stored: self.stored.into_answer(),
+        })
+    }
 }
 
 #[derive(QueryableByName)]

@@ -60,6 +60,7 @@ diesel::table! {
         last_event_sequence -> Int8,
         created_at -> Instant,
         updated_at -> Instant,
+        available_from -> Nullable<Instant>,
     }
 }
 
@@ -78,6 +79,7 @@ diesel::table! {
         released_at -> Nullable<Instant>,
         payment_reference -> Nullable<Text>,
         owner -> Text,
+        voided_at -> Nullable<Instant>,
     }
 }
 

@@ -19,18 +19,18 @@ use super::audit::{self, Finding, CHECKS};
 use super::error::{Abort, Context};
 use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
-    parse_reservation_id, parse_status, ClaimedRow, Count, EventRow, FeedRow, HoldSnapshotRow,
-    KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow,
-    EVENT_COLUMNS,
+    parse_reservation_id, ClaimedRow, Count, EventRow, FeedRow, HoldSnapshotRow, KeySnapshotRow,
+    NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
 };
 use super::schema::{assets, events, refunds, reservations, Instant};
 use super::{
     AssetPage, Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, RefundPage,
-    StoreError, StoreResult, StoreSettings,
+    ReinstateOutcome, StoreError, StoreResult, StoreSettings, WithdrawOutcome,
 };
 use crate::domain::{
-    Asset, AssetId, AssetStatus, Event, EventId, EventType, PaymentReference, Refund, RefundId,
-    RefundReason, Reservation, ReservationId, Timestamp,
+    withdraw_decision, Asset, AssetId, AssetStatus, Event, EventId, EventType, HoldTarget,
+    PaymentReference, Refund, RefundId, RefundReason, Reservation, ReservationId, Timestamp,
+    WithdrawDecision,
 };
 use crate::reply::{self, Reply};
 
@@ -190,19 +190,24 @@ impl SqliteStore {
         .await
     }
 
-    pub async fn create_asset(&self, id: &AssetId, name: &str) -> StoreResult<Option<Asset>> {
+    pub async fn create_asset(
+        &self,
+        id: &AssetId,
+        name: &str,
+        available_from: Option<Timestamp>,
+    ) -> StoreResult<Option<Asset>> {
         let (id, name) = (id.to_string(), name.to_owned());
         let result = self
             .write("create an asset", move |c| {
                 let now = clock();
                 let row = sql_query(
-                    "INSERT INTO assets (id, name, created_at, updated_at) VALUES (?, ?, ?, ?) \
-                     ON CONFLICT (id) DO NOTHING RETURNING ? AS now, *",
+                    "INSERT INTO assets (id, name, available_from, created_at, updated_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?4) \
+                     ON CONFLICT (id) DO NOTHING RETURNING ?4 AS now, *",
                 )
                 .bind::<Text, _>(id)
                 .bind::<Text, _>(name)
-                .bind::<Instant, _>(now)
-                .bind::<Instant, _>(now)
+                .bind::<Nullable<Instant>, _>(available_from)
                 .bind::<Instant, _>(now)
                 .get_result::<NowAssetRow>(c)
                 .optional()
@@ -215,6 +220,133 @@ impl SqliteStore {
             Err(Abort::Retry) => Ok(None),
             Err(Abort::Failed(e)) => Err(e),
         }
+    }
+
+    /// Sets or clears the instant an asset's sale opens.
+    pub async fn set_available_from(
+        &self,
+        id: &AssetId,
+        available_from: Option<Timestamp>,
+    ) -> StoreResult<Option<Asset>> {
+        let id = id.to_string();
+        self.write("set when the sale opens", move |c| {
+            let now = clock();
+            let row = sql_query(
+                "UPDATE assets SET available_from = ?2, version = version + 1, updated_at = ?3 \
+                 WHERE id = ?1 RETURNING ?3 AS now, *",
+            )
+            .bind::<Text, _>(id)
+            .bind::<Nullable<Instant>, _>(available_from)
+            .bind::<Instant, _>(now)
+            .get_result::<NowAssetRow>(c)
+            .optional()
+            .context("set when the sale opens")?;
+            Ok(row.map(|r| r.asset.into_asset(now)).transpose()?)
+        })
+        .await?
+        .map_err(abort_to_error)
+    }
+
+    /// Takes an asset off sale; with `force`, a live hold is released first.
+    /// A lapsed hold is expired first. Writes are serialised.
+    pub async fn withdraw(&self, id: &AssetId, force: bool) -> StoreResult<WithdrawOutcome> {
+        let id = id.to_string();
+        self.write("withdraw the asset", move |c| {
+            let now = clock();
+            expire_lapsed(c, Some(&id), now, 1)?;
+            let row = sql_query("SELECT ? AS now, * FROM assets WHERE id = ?")
+                .bind::<Instant, _>(now)
+                .bind::<Text, _>(&id)
+                .get_result::<NowAssetRow>(c)
+                .optional()
+                .context("read the asset")?;
+            let Some(row) = row else {
+                return Ok(WithdrawOutcome::NotFound);
+            };
+            let asset = row.asset.into_asset(now)?;
+            match withdraw_decision(asset.status, force) {
+                WithdrawDecision::AlreadyWithdrawn => return Ok(WithdrawOutcome::Unchanged(asset)),
+                WithdrawDecision::Held => return Ok(WithdrawOutcome::Held(asset)),
+                WithdrawDecision::Sold => return Ok(WithdrawOutcome::Sold(asset)),
+                WithdrawDecision::ReleaseAndWithdraw => {
+                    let released = sql_query(
+                        "UPDATE reservations SET status = 'RELEASED', released_at = ? \
+                         WHERE id = ? AND status = 'HELD' RETURNING *",
+                    )
+                    .bind::<Instant, _>(now)
+                    .bind::<Text, _>(asset.current_reservation_id.as_deref().unwrap_or_default())
+                    .get_result::<ReservationRow>(c)
+                    .context("release the hold")?
+                    .into_reservation()?;
+                    let sequence = next_sequence(c, &id)?;
+                    let data = reply::reservation_ok(&released).body;
+                    insert_event(
+                        c,
+                        &NewEvent::new(&id, sequence, EventType::ReservationReleased, data, now),
+                    )?;
+                }
+                WithdrawDecision::Withdraw => {}
+            }
+            let row = sql_query(
+                "UPDATE assets SET status = 'WITHDRAWN', hold_expires_at = NULL, current_reservation_id = NULL, \
+                        version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ?2 \
+                 WHERE id = ?1 RETURNING ?2 AS now, *",
+            )
+            .bind::<Text, _>(&id)
+            .bind::<Instant, _>(now)
+            .get_result::<NowAssetRow>(c)
+            .context("withdraw the asset")?;
+            let sequence = row.asset.last_event_sequence;
+            let asset = row.asset.into_asset(now)?;
+            let data = serde_json::to_string(&asset).unwrap_or_default();
+            insert_event(
+                c,
+                &NewEvent::new(&id, sequence, EventType::AssetWithdrawn, data, now),
+            )?;
+            Ok(WithdrawOutcome::Withdrawn(asset))
+        })
+        .await?
+        .map_err(abort_to_error)
+    }
+
+    /// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
+    pub async fn reinstate(&self, id: &AssetId) -> StoreResult<ReinstateOutcome> {
+        let id = id.to_string();
+        self.write("reinstate the asset", move |c| {
+            let now = clock();
+            let row = sql_query(
+                "UPDATE assets SET status = 'AVAILABLE', version = version + 1, \
+                        last_event_sequence = last_event_sequence + 1, updated_at = ?2 \
+                 WHERE id = ?1 AND status = 'WITHDRAWN' RETURNING ?2 AS now, *",
+            )
+            .bind::<Text, _>(&id)
+            .bind::<Instant, _>(now)
+            .get_result::<NowAssetRow>(c)
+            .optional()
+            .context("reinstate the asset")?;
+            if let Some(row) = row {
+                let sequence = row.asset.last_event_sequence;
+                let asset = row.asset.into_asset(now)?;
+                let data = serde_json::to_string(&asset).unwrap_or_default();
+                insert_event(
+                    c,
+                    &NewEvent::new(&id, sequence, EventType::AssetReinstated, data, now),
+                )?;
+                return Ok(ReinstateOutcome::Reinstated(asset));
+            }
+            let row = sql_query("SELECT ? AS now, * FROM assets WHERE id = ?")
+                .bind::<Instant, _>(now)
+                .bind::<Text, _>(&id)
+                .get_result::<NowAssetRow>(c)
+                .optional()
+                .context("read an asset")?;
+            Ok(match row {
+                Some(r) => ReinstateOutcome::Unchanged(r.asset.into_asset(now)?),
+                None => ReinstateOutcome::NotFound,
+            })
+        })
+        .await?
+        .map_err(abort_to_error)
     }
 
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
@@ -240,7 +372,7 @@ impl SqliteStore {
                  WHERE (?2 IS NULL OR id > ?2) AND CASE ?3 \
                    WHEN 'AVAILABLE' THEN status = 'AVAILABLE' OR (status = 'HELD' AND hold_expires_at <= ?1) \
                    WHEN 'HELD' THEN status = 'HELD' AND hold_expires_at > ?1 \
-                   WHEN 'SOLD' THEN status = 'SOLD' \
+                   WHEN 'SOLD' THEN status = 'SOLD' WHEN 'WITHDRAWN' THEN status = 'WITHDRAWN' \
                    ELSE 1 END \
                  ORDER BY id LIMIT ?4",
             )
@@ -586,11 +718,11 @@ impl Backend for SqliteStore {
         &self,
         asset: &AssetId,
         idempotency: &Idempotency,
-    ) -> StoreResult<Snapshot<(AssetStatus, Option<Timestamp>)>> {
+    ) -> StoreResult<Snapshot<HoldTarget>> {
         let (asset, idempotency) = (asset.to_string(), idempotency.clone());
         self.read("read the asset to hold", move |c| {
-            let row = sql_query(
-                "SELECT ? AS now, a.status, a.hold_expires_at, \
+            sql_query(
+                "SELECT ? AS now, a.status, a.hold_expires_at, a.available_from, \
                         i.fingerprint, i.status_code, i.body, i.location \
                  FROM (SELECT 1) AS one \
                  LEFT JOIN assets a ON a.id = ? \
@@ -601,16 +733,8 @@ impl Backend for SqliteStore {
             .bind::<Text, _>(idempotency.scope)
             .bind::<Text, _>(idempotency.key.into_inner())
             .get_result::<HoldSnapshotRow>(c)
-            .context("read the asset to hold")?;
-            let state = match row.status {
-                Some(s) => Some((parse_status(AssetStatus::parse, &s)?, row.hold_expires_at)),
-                None => None,
-            };
-            Ok(Snapshot {
-                now: row.now,
-                row: state,
-                stored: row.stored.into_answer(),
-            })
+            .context("read the asset to hold")?
+            .into_snapshot()
         })
         .await
     }
@@ -645,12 +769,14 @@ impl Backend for SqliteStore {
                 let sequence = sql_query(
                     "UPDATE assets SET status = 'HELD', hold_expires_at = ?, current_reservation_id = ?, \
                             version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ? \
-                     WHERE id = ? AND status = 'AVAILABLE' RETURNING last_event_sequence",
+                     WHERE id = ? AND status = 'AVAILABLE' AND (available_from IS NULL OR available_from <= ?) \
+                     RETURNING last_event_sequence",
                 )
                 .bind::<Instant, _>(r.expires_at)
                 .bind::<Text, _>(&r.reservation_id)
                 .bind::<Instant, _>(now)
                 .bind::<Text, _>(&r.asset_id)
+                .bind::<Instant, _>(now)
                 .get_result::<Sequence>(c)
                 .optional()
                 .context("hold the asset")?;
@@ -693,7 +819,7 @@ impl Backend for SqliteStore {
         self.read("read the reservation", move |c| {
             let row = sql_query(
                 "SELECT ? AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at, \
-                        r.committed_at, r.released_at, r.payment_reference, r.owner, \
+                        r.committed_at, r.released_at, r.payment_reference, r.owner, r.voided_at, \
                         i.fingerprint, i.status_code, i.body, i.location \
                  FROM (SELECT 1) AS one \
                  LEFT JOIN reservations r ON r.id = ? \

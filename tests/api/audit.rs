@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::backend_tests;
 use crate::helpers::TestApp;
 
-fn audit(app: &TestApp) -> (bool, Value) {
+pub fn audit(app: &TestApp) -> (bool, Value) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
         .args(["audit", "--json"])
         .env("HOLDFAST_DATABASE_URL", app.database_url())

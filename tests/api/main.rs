@@ -11,6 +11,7 @@ mod errors;
 mod holds;
 mod idempotency;
 mod janitor;
+mod lifecycle;
 mod migrations;
 mod model;
 mod openapi;

@@ -23,7 +23,11 @@ async fn instances_starting_at_once_migrate_safely() {
     stores[0].migrate().await.expect("migrate again");
     stores[0].ping().await.expect("ping");
     let id = holdfast::domain::AssetId::parse("M-1").unwrap();
-    assert!(stores[1].create_asset(&id, "x").await.unwrap().is_some());
+    assert!(stores[1]
+        .create_asset(&id, "x", None)
+        .await
+        .unwrap()
+        .is_some());
 }
 
 /// The embedded database is created, migrated once, and reopened as is.
@@ -36,7 +40,7 @@ async fn the_sqlite_file_is_created_and_migrated_once() {
         .expect("open");
     store.migrate().await.expect("migrate");
     let id = holdfast::domain::AssetId::parse("M-2").unwrap();
-    store.create_asset(&id, "x").await.unwrap();
+    store.create_asset(&id, "x", None).await.unwrap();
     drop(store);
     let again = Store::open(&Config::with_database(url))
         .await
