@@ -64,7 +64,9 @@ pub fn rule(operation_id: &str) -> Option<Rule> {
     const ALL: &[Role] = &[Admin, Storefront, Payments];
     Some(match operation_id {
         "get_health" | "get_readiness" | "get_metrics" | "get_openapi" | "get_docs" => Rule::Public,
-        "create_asset" | "list_dead_events" | "redeliver_event" => Rule::Roles(&[Admin]),
+        "create_asset" | "list_dead_events" | "redeliver_event" | "count_assets" => {
+            Rule::Roles(&[Admin])
+        }
         "get_asset" | "list_assets" | "list_asset_events" | "list_events" => Rule::Roles(ALL),
         "hold_asset" => Rule::Roles(&[Admin, Storefront]),
         "get_reservation" | "release_reservation" => Rule::Roles(ALL),

@@ -83,7 +83,7 @@ fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
             (404, &[ReservationNotFound]),
             (409, &[ReservationNotActive, IdempotencyKeyInUse]),
         ],
-        "get_readiness" => &[],
+        "get_readiness" | "count_assets" => &[],
         "list_events" | "list_dead_events" | "list_refunds" => &[(422, &[ValidationFailed])],
         "redeliver_event" => &[(404, &[EventNotFound])],
         "complete_refund" => &[(404, &[RefundNotFound]), (409, &[IdempotencyKeyInUse])],

@@ -94,6 +94,7 @@ struct ApiDoc;
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(assets::create_asset)
         .service(assets::list_assets)
+        .service(assets::count_assets)
         .service(assets::get_asset)
         .service(assets::list_asset_events)
         .service(reservations::hold_asset)

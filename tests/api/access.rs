@@ -88,6 +88,7 @@ fn expected_roles() -> BTreeMap<&'static str, Option<&'static [&'static str]>> {
         ("complete_refund", Some(&["admin", "payments"][..])),
         ("list_dead_events", Some(&["admin"][..])),
         ("redeliver_event", Some(&["admin"][..])),
+        ("count_assets", Some(&["admin"][..])),
     ])
 }
 
