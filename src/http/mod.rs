@@ -3,6 +3,7 @@
 
 pub mod access;
 mod assets;
+mod console;
 mod docs;
 pub mod error;
 mod events;
@@ -85,6 +86,7 @@ pub struct ProblemBody {
         (name = "refunds", description = "Payments to give back, and their completion"),
         (name = "events", description = "The event feed and webhook delivery"),
         (name = "operations", description = "Health of the service"),
+        (name = "console", description = "The operator console, a web page served by holdfast"),
     ),
     components(schemas(ProblemBody, ErrorCode))
 )]
@@ -110,7 +112,10 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(health::readyz)
         .service(get_openapi)
         .service(get_docs)
-        .service(get_metrics);
+        .service(get_metrics)
+        .service(console::get_console)
+        .service(console::get_console_css)
+        .service(console::get_console_js);
 }
 
 /// The OpenAPI document of this build.
