@@ -2,7 +2,8 @@
 // page signs in with an API key (HTTP Basic, as a browser does), shows assets
 // created through the API, turns a row HELD with a running countdown and then
 // SOLD without a reload, lists a refund waiting, opens an asset's timeline,
-// creates an asset from its form, stops polling while hidden, passes a basic
+// creates an asset from its form, shows withdraw and reinstate only where the
+// document lists them, stops polling while hidden, passes a basic
 // accessibility check, and never requests anything from another origin.
 // Screenshots: target/console.png (1280x800) and target/console-phone.png
 // (375x812).
@@ -357,6 +358,43 @@ async function checkConsole() {
     const shownAgain = Date.now();
     await page.waitForFunction(() => document.getElementById("live-state")?.dataset.state === "ok", null, { timeout: WAIT_MS });
     if (!requests.some((r) => r.at >= shownAgain && r.url.pathname === "/v1/assets")) throw new CheckFailed("polling did not resume when the tab was shown");
+
+    say("withdraw and reinstate appear once the document lists them");
+    // Until the service has these operations, a page whose document lists
+    // them (and a stand-in answer) shows that the buttons light up and send
+    // what the operation expects.
+    const later = await context.newPage();
+    later.on("pageerror", (error) => problems.push(`page error (withdraw): ${error.message}`));
+    const withdrawals = [];
+    await later.route(`${origin}/openapi.json`, async (route) => {
+      const real = await route.fetch();
+      const doc = await real.json();
+      const post = (id) => ({ post: { operationId: id, tags: ["assets"], responses: { 200: { description: "The asset" } } } });
+      doc.paths["/v1/assets/{asset_id}/withdraw"] ??= post("withdraw_asset");
+      doc.paths["/v1/assets/{asset_id}/reinstate"] ??= post("reinstate_asset");
+      await route.fulfill({ status: 200, json: doc });
+    });
+    await later.route(`${origin}/v1/assets/*/withdraw`, async (route) => {
+      withdrawals.push({ path: new URL(route.request().url()).pathname, body: route.request().postData() });
+      const asset = await (await fetch(`${base}/v1/assets/${plate}`, { headers: token ? { Authorization: `Bearer ${token}` } : {} })).json();
+      await route.fulfill({ status: 200, json: { ...asset, status: "WITHDRAWN" } });
+    });
+    await later.goto(`${base}/console`, { waitUntil: "load" });
+    const withdrawButton = later.getByRole("button", { name: `Withdraw ${plate}` });
+    await withdrawButton.waitFor({ timeout: WAIT_MS }).catch(() => {
+      throw new CheckFailed("no Withdraw button although the document lists the operation");
+    });
+    if ((await later.getByRole("button", { name: `Withdraw ${excavator}` }).count()) !== 0) throw new CheckFailed("a SOLD asset offers Withdraw");
+    await withdrawButton.click();
+    await expectText(later.locator("#notice"), `${plate} is WITHDRAWN`, "the withdrawal is confirmed");
+    if (withdrawals.length !== 1 || withdrawals[0].path !== `/v1/assets/${plate}/withdraw` || withdrawals[0].body !== "{}") {
+      throw new CheckFailed(`withdraw sent ${JSON.stringify(withdrawals)}`);
+    }
+    await later.close();
+    const served = (await expectStatus("GET", "/openapi.json", undefined, undefined, [200])) ?? {};
+    const offered = Boolean(served.paths?.["/v1/assets/{asset_id}/withdraw"]?.post);
+    const shown = await page.getByRole("button", { name: /^Withdraw / }).count();
+    if (!offered && shown > 0) throw new CheckFailed("Withdraw buttons shown although the service has no such operation");
 
     say("final checks");
     if (!(await page.evaluate(() => window.__sameDocument === true)) || navigations !== 1) {
