@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The OpenAPI document as a contract, checked against the running service:
 # lint the document, fuzz both backends with schemathesis, drive the service
-# with a client generated from the document, and render /docs in Chromium.
+# with a client generated from the document, render /docs in Chromium, and
+# run the operator console end to end in Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -69,5 +70,12 @@ ci/client-flow.sh "http://127.0.0.1:$sqlite_port"
 
 step "docs page in headless Chromium"
 SCREENSHOT="$root/target/docs.png" ci/docs-screenshot.sh "http://127.0.0.1:$sqlite_port"
+
+# A fresh database, so that the check's assets are on the board's first page;
+# the browser signs in with the admin key, as an operator would.
+step "operator console in headless Chromium"
+console_port=18183
+serve console "$console_port" "sqlite://$work/console.db"
+SCREENSHOT_DIR="$root/target" ci/console-e2e.sh "http://127.0.0.1:$console_port" "$token"
 
 step "contract checks passed"

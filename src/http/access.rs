@@ -1,5 +1,6 @@
-//! Who may call what: API keys (`Authorization: Bearer <token>`), roles,
-//! open mode, and the per-client request rate.
+//! Who may call what: API keys (`Authorization: Bearer <token>`, or from a
+//! browser the key as the password of HTTP Basic), roles, open mode, and the
+//! per-client request rate.
 //!
 //! Keys are configured as `name:role:sha256-hex-of-token`, so no plaintext
 //! token is stored. Every operation of the API has a rule in [`rule`]; an
@@ -66,6 +67,9 @@ pub fn rule(operation_id: &str) -> Option<Rule> {
         "get_health" | "get_readiness" | "get_metrics" | "get_openapi" | "get_docs" => Rule::Public,
         "create_asset" | "update_asset" | "withdraw_asset" | "reinstate_asset"
         | "list_dead_events" | "redeliver_event" => Rule::Roles(&[Admin]),
+        "get_console" | "get_console_css" | "get_console_js" | "count_assets" => {
+            Rule::Roles(&[Admin])
+        }
         "get_asset" | "list_assets" | "list_asset_events" | "list_events" => Rule::Roles(ALL),
         "hold_asset" => Rule::Roles(&[Admin, Storefront]),
         "get_reservation" | "release_reservation" => Rule::Roles(ALL),
@@ -261,15 +265,18 @@ impl Guard {
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim)
-                .filter(|t| !t.is_empty());
+                .and_then(presented_token);
             let key = token
-                .and_then(|t| self.keys.authenticate(t))
+                .and_then(|t| self.keys.authenticate(&t))
                 .ok_or_else(|| {
                     ApiError::new(
                         ErrorCode::Unauthenticated,
-                        "Send a valid API key as Authorization: Bearer <token>.",
+                        if is_browser_page(operation) {
+                            "Sign in with an API key as the password (any user name), \
+                             or send Authorization: Bearer <token>."
+                        } else {
+                            "Send a valid API key as Authorization: Bearer <token>."
+                        },
                     )
                 })?;
             if !roles.contains(&key.role) {
@@ -304,14 +311,47 @@ impl Guard {
     }
 }
 
+/// The API key in an `Authorization` value: `Bearer <token>`, or `Basic`
+/// with the token as the password (the user name is ignored), which is what a
+/// browser sends once a person has signed in to the console.
+fn presented_token(value: &str) -> Option<String> {
+    let (scheme, credentials) = value.trim().split_once(' ')?;
+    let credentials = credentials.trim();
+    let token = if scheme.eq_ignore_ascii_case("Bearer") {
+        credentials.to_owned()
+    } else if scheme.eq_ignore_ascii_case("Basic") {
+        use base64::Engine;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(credentials)
+            .ok()?;
+        let (_user, password) = std::str::from_utf8(&decoded).ok()?.split_once(':')?;
+        password.to_owned()
+    } else {
+        return None;
+    };
+    (!token.is_empty()).then_some(token)
+}
+
+/// Pages a person opens in a browser: their 401 invites HTTP Basic, so that
+/// the browser asks for the key (and then sends it with the page's requests).
+fn is_browser_page(operation: &str) -> bool {
+    super::console::OPERATIONS.contains(&operation)
+}
+
+/// The challenge of a 401 for `operation`.
+fn challenge(operation: Option<&str>) -> &'static str {
+    match operation {
+        Some(op) if is_browser_page(op) => r#"Basic realm="holdfast console", charset="UTF-8""#,
+        _ => "Bearer",
+    }
+}
+
 pub async fn guard(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
-    let verdict = match (
-        req.app_data::<web::Data<Guard>>(),
-        req.app_data::<web::Data<RouteTable>>(),
-    ) {
+    let routes = req.app_data::<web::Data<RouteTable>>().cloned();
+    let verdict = match (req.app_data::<web::Data<Guard>>(), &routes) {
         (Some(guard), Some(routes)) => guard.check(&req, routes),
         _ => Ok(None),
     };
@@ -327,9 +367,12 @@ pub async fn guard(
         Err(error) => {
             let mut response = actix_web::ResponseError::error_response(&error);
             if matches!(&error, ApiError::Problem(p) if p.code == ErrorCode::Unauthenticated) {
+                let operation = routes
+                    .as_ref()
+                    .and_then(|r| r.operation(req.method(), req.path()));
                 response.headers_mut().insert(
                     header::WWW_AUTHENTICATE,
-                    header::HeaderValue::from_static("Bearer"),
+                    header::HeaderValue::from_static(challenge(operation)),
                 );
             }
             Ok(req.into_response(response))
@@ -362,6 +405,37 @@ mod tests {
         assert!(KeyRing::parse("a:admin:abc").is_err());
         assert!(KeyRing::parse(&format!("a b:admin:{}", "0".repeat(64))).is_err());
         assert!(KeyRing::parse("").unwrap().is_open());
+    }
+
+    #[test]
+    fn tokens_come_as_bearer_or_as_the_basic_password() {
+        use base64::Engine;
+        let basic = |s: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(s)
+            )
+        };
+        assert_eq!(presented_token("Bearer hf_a").as_deref(), Some("hf_a"));
+        assert_eq!(presented_token("bearer  hf_a ").as_deref(), Some("hf_a"));
+        assert_eq!(presented_token(&basic("ops:hf_b")).as_deref(), Some("hf_b"));
+        assert_eq!(
+            presented_token(&basic(":hf_c:d")).as_deref(),
+            Some("hf_c:d")
+        );
+        assert_eq!(presented_token(&basic("ops:")), None);
+        assert_eq!(presented_token(&basic("no-colon")), None);
+        assert_eq!(presented_token("Basic !!!"), None);
+        assert_eq!(presented_token("Bearer "), None);
+        assert_eq!(presented_token("Digest x"), None);
+        assert_eq!(presented_token("hf_a"), None);
+    }
+
+    #[test]
+    fn console_pages_challenge_for_basic() {
+        assert!(challenge(Some("get_console")).starts_with("Basic realm="));
+        assert_eq!(challenge(Some("list_assets")), "Bearer");
+        assert_eq!(challenge(None), "Bearer");
     }
 
     #[test]

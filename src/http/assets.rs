@@ -1,4 +1,6 @@
-//! Assets: create, read, list, timeline.
+//! Assets: create, read, list, count, timeline.
+
+use std::collections::BTreeMap;
 
 use actix_web::{get, patch, post, web, HttpResponse};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -331,6 +333,35 @@ fn decode_cursor(cursor: &str) -> Result<String, String> {
         .and_then(|b| String::from_utf8(b).ok())
         .filter(|id| AssetId::parse(id).is_ok())
         .ok_or_else(|| "is not a cursor this service issued".to_owned())
+}
+
+/// How many assets have each effective status.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AssetCounts {
+    /// By effective status (a lapsed hold counts as AVAILABLE, as in the
+    /// list); every status is present, zero included. New statuses may appear.
+    #[schema(example = json!({"AVAILABLE": 12, "HELD": 3, "SOLD": 40}))]
+    pub counts: BTreeMap<String, i64>,
+}
+
+/// Count assets by effective status, for an operator's overview.
+#[utoipa::path(
+    tag = "assets",
+    operation_id = "count_assets",
+    responses(
+        (status = 200, description = "Counts per status", body = AssetCounts),
+    )
+)]
+#[get("/v1/asset-counts")]
+pub async fn count_assets(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let mut counts: BTreeMap<String, i64> = AssetStatus::ALL
+        .iter()
+        .map(|status| (status.as_str().to_owned(), 0))
+        .collect();
+    for (status, n) in state.store.asset_counts().await? {
+        counts.insert(status.as_str().to_owned(), n);
+    }
+    Ok(respond(Reply::json(200, &AssetCounts { counts })))
 }
 
 /// An asset's events.

@@ -93,7 +93,8 @@ fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
             (404, &[ReservationNotFound]),
             (409, &[ReservationNotActive, IdempotencyKeyInUse]),
         ],
-        "get_readiness" => &[],
+        "get_readiness" | "count_assets" => &[],
+        "get_console" | "get_console_css" | "get_console_js" => &[],
         "list_events" | "list_dead_events" | "list_refunds" => &[(422, &[ValidationFailed])],
         "redeliver_event" => &[(404, &[EventNotFound])],
         "complete_refund" => &[(404, &[RefundNotFound]), (409, &[IdempotencyKeyInUse])],
@@ -110,11 +111,17 @@ fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
         Some(Rule::Roles(_)) => GUARDED,
         _ => &[],
     };
+    // The console's files are in the binary: no database involved.
+    let database: &[(u16, &[ErrorCode])] = if super::console::OPERATIONS.contains(&operation_id) {
+        &[]
+    } else {
+        DATABASE
+    };
     let mut all: Vec<(u16, &'static [ErrorCode])> = own
         .iter()
         .chain(body)
         .chain(guarded)
-        .chain(DATABASE)
+        .chain(database)
         .copied()
         .collect();
     all.sort_by_key(|(status, _)| *status);
@@ -252,7 +259,10 @@ fn add_problems(operation: &mut Operation) {
             .insert(status.to_string(), RefOr::T(response.build()));
     }
     if let Some(Rule::Roles(roles)) = access::rule(&id) {
-        operation.security = Some(vec![SecurityRequirement::new(BEARER, Vec::<String>::new())]);
+        operation.security = Some(vec![
+            SecurityRequirement::new(BEARER, Vec::<String>::new()),
+            SecurityRequirement::new(BASIC, Vec::<String>::new()),
+        ]);
         let roles = roles
             .iter()
             .map(|r| r.as_str())
@@ -266,7 +276,11 @@ fn add_problems(operation: &mut Operation) {
 /// The scheme name of API keys in the document.
 pub const BEARER: &str = "api_key";
 
-/// Declares the bearer scheme: `Authorization: Bearer <token>`.
+/// The scheme name of API keys sent by a browser (HTTP Basic).
+pub const BASIC: &str = "api_key_basic";
+
+/// Declares the two ways to present an API key: `Authorization: Bearer
+/// <token>`, and for browsers HTTP Basic with the token as the password.
 pub fn document_security(api: &mut OpenApi) {
     let components = api.components.get_or_insert_with(Default::default);
     components.add_security_scheme(
@@ -277,6 +291,21 @@ pub fn document_security(api: &mut OpenApi) {
                 .description(Some(
                     "An API key from `holdfast keys new`, sent as `Authorization: Bearer <token>`. \
                      Without configured keys (open mode, loopback only) none is needed.",
+                ))
+                .build(),
+        ),
+    );
+    components.add_security_scheme(
+        BASIC,
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Basic)
+                .description(Some(
+                    "The same API key as the password of HTTP Basic, with any user name: \
+                     `Authorization: Basic base64(user:token)`. This is how a browser signs in \
+                     to the console at `/console`, whose 401 asks for Basic credentials; the \
+                     browser then sends them with the page's own requests to `/v1/…`. \
+                     Same keys, same roles, same constant-time check as the bearer scheme.",
                 ))
                 .build(),
         ),

@@ -3,6 +3,7 @@
 
 pub mod access;
 mod assets;
+mod console;
 mod docs;
 pub mod error;
 mod events;
@@ -84,6 +85,7 @@ pub struct ProblemBody {
         (name = "refunds", description = "Payments to give back, and their completion"),
         (name = "events", description = "The event feed and webhook delivery"),
         (name = "operations", description = "Health of the service"),
+        (name = "console", description = "The operator console, a web page served by holdfast"),
     ),
     components(schemas(ProblemBody, ErrorCode))
 )]
@@ -93,6 +95,7 @@ struct ApiDoc;
 pub fn configure(cfg: &mut ServiceConfig) {
     cfg.service(assets::create_asset)
         .service(assets::list_assets)
+        .service(assets::count_assets)
         .service(assets::get_asset)
         .service(assets::update_asset)
         .service(assets::withdraw_asset)
@@ -111,7 +114,10 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(health::readyz)
         .service(get_openapi)
         .service(get_docs)
-        .service(get_metrics);
+        .service(get_metrics)
+        .service(console::get_console)
+        .service(console::get_console_css)
+        .service(console::get_console_js);
 }
 
 /// The OpenAPI document of this build.

@@ -451,4 +451,9 @@ impl Store {
     pub fn describe(&self) -> String {
         dispatch!(self, s => s.describe())
     }
+
+    /// Assets per effective status; statuses no asset has are left out.
+    pub async fn asset_counts(&self) -> StoreResult<Vec<(AssetStatus, i64)>> {
+        bounded!(self, "count assets", s => s.asset_counts())
+    }
 }

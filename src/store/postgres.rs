@@ -1191,3 +1191,22 @@ async fn load_reservation(
         .collect::<StoreResult<_>>()?;
     Ok(Some(reservation.effective(now)))
 }
+
+/// The operator console's counts.
+impl PgStore {
+    /// Assets per effective status (a lapsed hold counts as AVAILABLE, as in
+    /// `list_assets`); statuses no asset has are left out.
+    pub async fn asset_counts(&self) -> StoreResult<Vec<(AssetStatus, i64)>> {
+        let mut conn = self.conn().await?;
+        let rows = sql_query(
+            "SELECT CASE WHEN status = 'HELD' AND hold_expires_at <= now() THEN 'AVAILABLE' \
+             ELSE status END AS status, count(*) AS n FROM assets GROUP BY 1",
+        )
+        .load::<super::rows::StatusCountRow>(&mut conn)
+        .await
+        .context("count assets")?;
+        rows.into_iter()
+            .map(super::rows::StatusCountRow::into_count)
+            .collect()
+    }
+}

@@ -363,3 +363,18 @@ pub(crate) struct Count {
     #[diesel(sql_type = BigInt)]
     pub(crate) n: i64,
 }
+
+/// How many assets have one effective status.
+#[derive(QueryableByName)]
+pub(crate) struct StatusCountRow {
+    #[diesel(sql_type = Text)]
+    pub(crate) status: String,
+    #[diesel(sql_type = BigInt)]
+    pub(crate) n: i64,
+}
+
+impl StatusCountRow {
+    pub(crate) fn into_count(self) -> StoreResult<(AssetStatus, i64)> {
+        Ok((parse_status(AssetStatus::parse, &self.status)?, self.n))
+    }
+}

@@ -1126,3 +1126,24 @@ fn load_reservation(
         .collect::<StoreResult<_>>()?;
     Ok(Some(reservation.effective(now)))
 }
+
+/// The operator console's counts.
+impl SqliteStore {
+    /// Assets per effective status (a lapsed hold counts as AVAILABLE, as in
+    /// `list_assets`); statuses no asset has are left out.
+    pub async fn asset_counts(&self) -> StoreResult<Vec<(AssetStatus, i64)>> {
+        self.read("count assets", move |c| {
+            let rows = sql_query(
+                "SELECT CASE WHEN status = 'HELD' AND hold_expires_at <= ?1 THEN 'AVAILABLE' \
+                 ELSE status END AS status, count(*) AS n FROM assets GROUP BY 1",
+            )
+            .bind::<Instant, _>(clock())
+            .load::<super::rows::StatusCountRow>(c)
+            .context("count assets")?;
+            rows.into_iter()
+                .map(super::rows::StatusCountRow::into_count)
+                .collect()
+        })
+        .await
+    }
+}

@@ -91,6 +91,10 @@ fn expected_roles() -> BTreeMap<&'static str, Option<&'static [&'static str]>> {
         ("complete_refund", Some(&["admin", "payments"][..])),
         ("list_dead_events", Some(&["admin"][..])),
         ("redeliver_event", Some(&["admin"][..])),
+        ("count_assets", Some(&["admin"][..])),
+        ("get_console", Some(&["admin"][..])),
+        ("get_console_css", Some(&["admin"][..])),
+        ("get_console_js", Some(&["admin"][..])),
     ])
 }
 

@@ -7,6 +7,7 @@ mod access;
 mod assets;
 mod audit;
 mod commits;
+mod console;
 mod errors;
 mod holds;
 mod idempotency;

@@ -1,0 +1,422 @@
+// The operator console as an operator meets it, in headless Chromium: the
+// page signs in with an API key (HTTP Basic, as a browser does), shows assets
+// created through the API, turns a row HELD with a running countdown and then
+// SOLD without a reload, lists a refund waiting, opens an asset's timeline,
+// creates an asset from its form, shows withdraw and reinstate only where the
+// document lists them, stops polling while hidden, passes a basic
+// accessibility check, and never requests anything from another origin.
+// Screenshots: target/console.png (1280x800) and target/console-phone.png
+// (375x812).
+//
+//   HOLDFAST_URL=http://127.0.0.1:8080 [HOLDFAST_TOKEN=hf_…] node console.mjs
+//
+// Expects a holdfast whose first page of assets has room for the ones this
+// creates (a fresh database is simplest). SCREENSHOT_DIR, when relative, is
+// taken from the repository root (default target).
+
+import { mkdir } from "node:fs/promises";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { randomUUID } from "node:crypto";
+import { chromium } from "playwright-core";
+
+const CHROMIUM = "/usr/bin/chromium";
+const CHROMIUM_ARGS = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+  "--no-first-run",
+];
+const WAIT_MS = 10_000;
+
+const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
+const shotDir = path.resolve(repoRoot, process.env.SCREENSHOT_DIR || "target");
+
+class CheckFailed extends Error {}
+
+const base = (process.env.HOLDFAST_URL ?? "").trim().replace(/\/+$/, "");
+const token = (process.env.HOLDFAST_TOKEN ?? "").trim();
+if (base === "") {
+  console.error("console: set HOLDFAST_URL, e.g. HOLDFAST_URL=http://127.0.0.1:8080");
+  process.exit(2);
+}
+
+let step = "start";
+try {
+  console.log(await checkConsole());
+} catch (err) {
+  const detail = err instanceof CheckFailed ? err.message : (err?.stack ?? String(err));
+  console.error(`console check FAILED against ${base} at step "${step}": ${detail}`);
+  process.exitCode = 1;
+}
+
+function say(text) {
+  step = text;
+  console.log(`console: ${text}`);
+}
+
+/** The API, as the other clients use it. */
+async function call(method, apiPath, body, idempotencyKey) {
+  const headers = { Accept: "application/json" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (idempotencyKey) headers["Idempotency-Key"] = idempotencyKey;
+  const response = await fetch(`${base}${apiPath}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await response.text();
+  let json = null;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    // not JSON: kept as text for the message
+  }
+  return { status: response.status, json, text };
+}
+
+async function expectStatus(method, apiPath, body, key, wanted) {
+  const r = await call(method, apiPath, body, key);
+  if (!wanted.includes(r.status)) throw new CheckFailed(`${method} ${apiPath} answered ${r.status}, expected ${wanted.join(" or ")}: ${r.text}`);
+  return r.json;
+}
+
+/** "4:05" or "1:02:03" as seconds. */
+function seconds(text) {
+  const parts = text.trim().split(":").map(Number);
+  if (parts.length < 2 || parts.some((n) => !Number.isInteger(n))) return NaN;
+  return parts.reduce((total, n) => total * 60 + n, 0);
+}
+
+async function checkConsole() {
+  const origin = new URL(base).origin;
+  const run = Date.now().toString(36).slice(-5).toUpperCase();
+
+  say("creating assets through the API");
+  const lots = [
+    { id: `EQ-88392-${run}`, name: "Caterpillar 320 excavator" },
+    { id: `LOT-17-${run}`, name: "Oil on canvas, harbour at dusk" },
+    { id: `PL-AB123-${run}`, name: "Licence plate AB 123" },
+  ];
+  for (const lot of lots) await expectStatus("POST", "/v1/assets", lot, undefined, [201]);
+  const [excavator, painting, plate] = lots.map((l) => l.id);
+
+  const browser = await chromium.launch({ executablePath: CHROMIUM, args: CHROMIUM_ARGS, headless: true });
+  try {
+    const context = await browser.newContext({
+      viewport: { width: 1280, height: 800 },
+      serviceWorkers: "block",
+      reducedMotion: "reduce",
+      ...(token ? { httpCredentials: { username: "operator", password: token } } : {}),
+    });
+    const page = await context.newPage();
+
+    // Every request: same-origin ones go through, anything else is recorded
+    // and refused, so the check proves the page works offline.
+    const foreign = new Set();
+    const requests = [];
+    await context.route("**/*", (route) => {
+      const url = route.request().url();
+      if (new URL(url).origin === origin) {
+        requests.push({ at: Date.now(), url: new URL(url) });
+        return route.continue();
+      }
+      foreign.add(url);
+      return route.abort("blockedbyclient");
+    });
+    page.on("request", (request) => {
+      const url = request.url();
+      if (!/^(data|blob|about):/.test(url) && new URL(url).origin !== origin) foreign.add(url);
+    });
+    const problems = [];
+    page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
+    page.on("console", (message) => {
+      if (message.type() === "error") problems.push(`console error: ${message.text()}`);
+    });
+    let navigations = 0;
+    page.on("framenavigated", (frame) => {
+      if (frame === page.mainFrame()) navigations += 1;
+    });
+    const failedResponses = [];
+    const answered = [];
+    page.on("response", (response) => {
+      if (response.status() >= 400) failedResponses.push(`${response.status()} ${response.request().method()} ${response.url()}`);
+      answered.push({ url: new URL(response.url()), status: response.status() });
+    });
+
+    say("opening /console");
+    const response = await page.goto(`${base}/console`, { waitUntil: "load" });
+    if (!response || response.status() !== 200) throw new CheckFailed(`GET /console ended with ${response ? response.status() : "no response"}`);
+    const csp = response.headers()["content-security-policy"] ?? "";
+    for (const part of ["default-src 'self'", "frame-ancestors 'none'"]) {
+      if (!csp.includes(part)) throw new CheckFailed(`Content-Security-Policy lacks ${part}: ${csp}`);
+    }
+    if (csp.includes("unsafe-inline")) throw new CheckFailed(`Content-Security-Policy allows inline code: ${csp}`);
+
+    const row = (id) => page.locator(`#asset-rows tr[data-id="${id}"]`);
+    const statusOf = (id) => row(id).locator(".cell-status .badge");
+    for (const id of [excavator, painting, plate]) {
+      await row(id).waitFor({ timeout: WAIT_MS }).catch(() => {
+        throw new CheckFailed(`the row of ${id} did not appear (is it on the first page? use a fresh database)`);
+      });
+      await expectText(statusOf(id), "AVAILABLE", `${id} shows AVAILABLE`);
+    }
+    await page.evaluate(() => {
+      window.__sameDocument = true;
+    });
+    if (token) {
+      // The person signed in once; the browser sends those credentials with
+      // the page's own API requests (the server refuses them otherwise), and
+      // the script never sees the key.
+      const apiCalls = answered.filter((r) => r.url.pathname.startsWith("/v1/"));
+      const refused = apiCalls.filter((r) => r.status === 401);
+      if (apiCalls.length === 0) throw new CheckFailed("the page made no API request");
+      if (refused.length > 0) throw new CheckFailed(`API requests refused as unauthenticated: ${refused.map((r) => r.url.pathname).join(", ")}`);
+    }
+
+    say("holding an asset through the API; the row turns HELD with a countdown");
+    const hold = await expectStatus(
+      "POST",
+      `/v1/assets/${excavator}/reservations`,
+      { buyer_id: "buyer-4411", hold_seconds: 300 },
+      randomUUID(),
+      [201],
+    );
+    await expectText(statusOf(excavator), "HELD", `${excavator} turns HELD`);
+    const countdown = row(excavator).locator(".cell-hold time.countdown");
+    await countdown.waitFor({ timeout: WAIT_MS });
+    const first = seconds(await countdown.textContent());
+    await page.waitForTimeout(1_200);
+    const second = seconds(await countdown.textContent());
+    if (!(first > 0 && first <= 300)) throw new CheckFailed(`the countdown read ${first}s, expected 1..300`);
+    if (!(second < first)) throw new CheckFailed(`the countdown did not decrease: ${first}s, then ${second}s 1.2 s later`);
+    await expectText(row(excavator).locator(".cell-buyer"), "buyer-4411", "the buyer is shown");
+
+    say("polling: at most once a second");
+    const windowStart = Date.now();
+    await page.waitForTimeout(4_000);
+    const listCalls = requests.filter((r) => r.at >= windowStart && r.url.pathname === "/v1/assets").length;
+    if (listCalls > 5) throw new CheckFailed(`${listCalls} list requests in 4 s: more than one a second`);
+    if (listCalls < 2) throw new CheckFailed(`${listCalls} list requests in 4 s: the board is not polling`);
+
+    say("committing it through the API; the row turns SOLD");
+    await expectStatus(
+      "POST",
+      `/v1/reservations/${hold.reservation_id}/commit`,
+      { payment_reference: `pay-${run}-1` },
+      randomUUID(),
+      [200],
+    );
+    await expectText(statusOf(excavator), "SOLD", `${excavator} turns SOLD`);
+    if ((await row(excavator).locator("time.countdown").count()) !== 0) throw new CheckFailed("a SOLD row still shows a countdown");
+
+    say("a refund waits: a payment for a released hold");
+    const released = await expectStatus("POST", `/v1/assets/${plate}/reservations`, { buyer_id: "buyer-207" }, randomUUID(), [201]);
+    await expectStatus("POST", `/v1/reservations/${released.reservation_id}/release`, {}, randomUUID(), [200]);
+    const refused = await expectStatus(
+      "POST",
+      `/v1/reservations/${released.reservation_id}/commit`,
+      { payment_reference: `pay-${run}-2` },
+      randomUUID(),
+      [409],
+    );
+    const refundId = refused?.refund?.refund_id;
+    if (!refundId) throw new CheckFailed(`the refused commit carried no refund: ${JSON.stringify(refused)}`);
+    const refund = page.locator(`#refunds li[data-id="${refundId}"]`);
+    await refund.waitFor({ timeout: WAIT_MS }).catch(() => {
+      throw new CheckFailed(`refund ${refundId} did not appear in the refunds panel`);
+    });
+    await expectText(refund, "REQUESTED", "the refund reads REQUESTED");
+    await expectText(refund, `pay-${run}-2`, "the refund names its payment");
+
+    say("another hold stays live for the screenshot");
+    await expectStatus("POST", `/v1/assets/${painting}/reservations`, { buyer_id: "buyer-9051", hold_seconds: 1800 }, randomUUID(), [201]);
+    await expectText(statusOf(painting), "HELD", `${painting} turns HELD`);
+
+    say("opening the timeline of the sold asset");
+    await row(excavator).locator("button.asset-link").click();
+    const timeline = page.locator("#timeline");
+    await timeline.waitFor({ state: "visible", timeout: WAIT_MS });
+    await expectText(page.locator("#timeline-heading"), excavator, "the timeline names the asset");
+    const events = page.locator("#events li");
+    await page.waitForFunction(() => document.querySelectorAll("#events li").length >= 2, null, { timeout: WAIT_MS }).catch(() => {
+      throw new CheckFailed("the timeline did not list the held and committed events");
+    });
+    const types = await events.locator(".event-type").allTextContents();
+    if (types[0] !== "reservation.held" || types[1] !== "reservation.committed") {
+      throw new CheckFailed(`the timeline lists ${types.join(", ")}; expected reservation.held, reservation.committed`);
+    }
+    await expectText(events.nth(0), "buyer-4411", "the held event names the buyer");
+    const focusedPanel = await page.evaluate(() => document.activeElement?.id);
+    if (focusedPanel !== "timeline") throw new CheckFailed(`opening the timeline left focus on #${focusedPanel}, expected #timeline`);
+
+    say("creating an asset from the page");
+    const created = `GAV-${run}`;
+    await page.getByLabel("Id", { exact: true }).fill(created);
+    await page.getByLabel("Name", { exact: true }).fill("Gavel, oak, 19th century");
+    await page.getByRole("button", { name: "Create asset" }).click();
+    await expectText(page.locator("#notice"), `Created ${created}`, "the page confirms the new asset");
+    await row(created).waitFor({ timeout: WAIT_MS }).catch(() => {
+      throw new CheckFailed(`the asset created from the page (${created}) did not appear on the board`);
+    });
+    await page.getByLabel("Id", { exact: true }).fill(created);
+    await page.getByLabel("Name", { exact: true }).fill("Again");
+    await page.getByRole("button", { name: "Create asset" }).click();
+    await expectText(page.locator("#alert"), "already exists", "the API's problem is shown to the operator");
+    await page.locator("#alert button").click();
+    await page.getByLabel("Id", { exact: true }).fill("");
+    await page.getByLabel("Name", { exact: true }).fill("");
+
+    say("accessibility basics");
+    const a11y = await page.evaluate(() => {
+      const issues = [];
+      const name = (el) =>
+        (el.getAttribute("aria-label") ||
+          (el.getAttribute("aria-labelledby") || "")
+            .split(/\s+/)
+            .map((id) => document.getElementById(id)?.textContent ?? "")
+            .join(" ") ||
+          Array.from(el.labels ?? [], (l) => l.textContent).join(" ") ||
+          el.textContent ||
+          el.getAttribute("title") ||
+          "").trim();
+      for (const el of document.querySelectorAll("input, select, textarea")) {
+        if (el.type === "hidden") continue;
+        if (!name(el)) issues.push(`an ${el.tagName.toLowerCase()}#${el.id} has no label`);
+      }
+      for (const el of document.querySelectorAll("button")) {
+        if (!name(el)) issues.push(`a button has no accessible name: ${el.outerHTML.slice(0, 80)}`);
+      }
+      if (!document.documentElement.lang) issues.push("<html> has no lang");
+      if (document.querySelectorAll("h1").length !== 1) issues.push("the page has not exactly one h1");
+      const table = document.querySelector("table");
+      if (!table?.querySelector("caption")?.textContent.trim()) issues.push("the table has no caption");
+      for (const th of table?.querySelectorAll("thead th") ?? []) if (th.scope !== "col") issues.push(`column header "${th.textContent}" lacks scope=col`);
+      if (document.querySelectorAll("div[onclick], span[onclick]").length > 0) issues.push("clickable divs");
+      return issues;
+    });
+    if (a11y.length > 0) throw new CheckFailed(`accessibility: ${a11y.join("; ")}`);
+
+    // The keyboard reaches the asset buttons, with a visible focus; Enter
+    // opens the timeline, Escape closes it and focus returns to the button.
+    await page.locator("#timeline-close").click();
+    await timeline.waitFor({ state: "hidden", timeout: WAIT_MS });
+    await page.locator("body").click({ position: { x: 1, y: 1 } });
+    await page.evaluate(() => document.activeElement?.blur());
+    let reached = null;
+    for (let i = 0; i < 80 && !reached; i += 1) {
+      await page.keyboard.press("Tab");
+      reached = await page.evaluate(() => {
+        const el = document.activeElement;
+        if (!el?.classList.contains("asset-link") || !el.closest("#asset-rows")) return null;
+        const style = getComputedStyle(el);
+        return { id: el.textContent, outline: style.outlineStyle, width: parseFloat(style.outlineWidth) };
+      });
+    }
+    if (!reached) throw new CheckFailed("Tab never reached an asset button of the board");
+    if (reached.outline === "none" || !(reached.width >= 2)) throw new CheckFailed(`the focused asset button shows no focus ring (${reached.outline} ${reached.width}px)`);
+    await page.keyboard.press("Enter");
+    await expectText(page.locator("#timeline-heading"), reached.id, "Enter on a focused asset opens its timeline");
+    await page.keyboard.press("Escape");
+    await timeline.waitFor({ state: "hidden", timeout: WAIT_MS });
+    const back = await page.evaluate(() => document.activeElement?.textContent);
+    if (back !== reached.id) throw new CheckFailed(`closing the timeline left focus on "${back}", expected the ${reached.id} button`);
+
+    say("desktop screenshot");
+    await row(excavator).locator("button.asset-link").click();
+    await page.waitForFunction(() => document.querySelectorAll("#events li").length >= 2, null, { timeout: WAIT_MS });
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await mkdir(shotDir, { recursive: true });
+    await page.waitForTimeout(300);
+    await page.screenshot({ path: path.join(shotDir, "console.png") });
+
+    say("phone-sized screenshot");
+    await page.setViewportSize({ width: 375, height: 812 });
+    await page.waitForTimeout(500);
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    if (overflow > 1) throw new CheckFailed(`at 375 px the page scrolls sideways by ${overflow} px`);
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await page.screenshot({ path: path.join(shotDir, "console-phone.png") });
+    await page.setViewportSize({ width: 1280, height: 800 });
+
+    say("no polling while the tab is hidden");
+    await page.evaluate(() => {
+      Object.defineProperty(document, "hidden", { configurable: true, get: () => true });
+      Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
+      document.dispatchEvent(new Event("visibilitychange"));
+    });
+    await page.waitForTimeout(1_500); // a poll already under way may finish
+    const hiddenFrom = Date.now();
+    await page.waitForTimeout(2_500);
+    const whileHidden = requests.filter((r) => r.at >= hiddenFrom && r.url.pathname.startsWith("/v1/")).length;
+    if (whileHidden > 0) throw new CheckFailed(`${whileHidden} API requests while the tab was hidden`);
+    await page.evaluate(() => {
+      delete document.hidden;
+      delete document.visibilityState;
+      document.dispatchEvent(new Event("visibilitychange"));
+    });
+    const shownAgain = Date.now();
+    await page.waitForFunction(() => document.getElementById("live-state")?.dataset.state === "ok", null, { timeout: WAIT_MS });
+    if (!requests.some((r) => r.at >= shownAgain && r.url.pathname === "/v1/assets")) throw new CheckFailed("polling did not resume when the tab was shown");
+
+    say("withdraw and reinstate appear once the document lists them");
+    // Until the service has these operations, a page whose document lists
+    // them (and a stand-in answer) shows that the buttons light up and send
+    // what the operation expects.
+    const later = await context.newPage();
+    later.on("pageerror", (error) => problems.push(`page error (withdraw): ${error.message}`));
+    const withdrawals = [];
+    await later.route(`${origin}/openapi.json`, async (route) => {
+      const real = await route.fetch();
+      const doc = await real.json();
+      const post = (id) => ({ post: { operationId: id, tags: ["assets"], responses: { 200: { description: "The asset" } } } });
+      doc.paths["/v1/assets/{asset_id}/withdraw"] ??= post("withdraw_asset");
+      doc.paths["/v1/assets/{asset_id}/reinstate"] ??= post("reinstate_asset");
+      await route.fulfill({ status: 200, json: doc });
+    });
+    await later.route(`${origin}/v1/assets/*/withdraw`, async (route) => {
+      withdrawals.push({ path: new URL(route.request().url()).pathname, body: route.request().postData() });
+      const asset = await (await fetch(`${base}/v1/assets/${plate}`, { headers: token ? { Authorization: `Bearer ${token}` } : {} })).json();
+      await route.fulfill({ status: 200, json: { ...asset, status: "WITHDRAWN" } });
+    });
+    await later.goto(`${base}/console`, { waitUntil: "load" });
+    const withdrawButton = later.getByRole("button", { name: `Withdraw ${plate}` });
+    await withdrawButton.waitFor({ timeout: WAIT_MS }).catch(() => {
+      throw new CheckFailed("no Withdraw button although the document lists the operation");
+    });
+    if ((await later.getByRole("button", { name: `Withdraw ${excavator}` }).count()) !== 0) throw new CheckFailed("a SOLD asset offers Withdraw");
+    await withdrawButton.click();
+    await expectText(later.locator("#notice"), `${plate} is WITHDRAWN`, "the withdrawal is confirmed");
+    if (withdrawals.length !== 1 || withdrawals[0].path !== `/v1/assets/${plate}/withdraw` || withdrawals[0].body !== "{}") {
+      throw new CheckFailed(`withdraw sent ${JSON.stringify(withdrawals)}`);
+    }
+    await later.close();
+    const served = (await expectStatus("GET", "/openapi.json", undefined, undefined, [200])) ?? {};
+    const offered = Boolean(served.paths?.["/v1/assets/{asset_id}/withdraw"]?.post);
+    const shown = await page.getByRole("button", { name: /^Withdraw / }).count();
+    if (!offered && shown > 0) throw new CheckFailed("Withdraw buttons shown although the service has no such operation");
+
+    say("final checks");
+    if (!(await page.evaluate(() => window.__sameDocument === true)) || navigations !== 1) {
+      throw new CheckFailed(`the page reloaded (${navigations} navigations)`);
+    }
+    if (foreign.size > 0) throw new CheckFailed(`the page requested other origins than ${origin} (it must work offline):\n  ${[...foreign].join("\n  ")}`);
+    const unexpected = failedResponses.filter((r) => !(r.startsWith("409 POST") && r.endsWith("/v1/assets")));
+    if (unexpected.length > 0) throw new CheckFailed(`failed responses:\n  ${unexpected.join("\n  ")}`);
+    const realProblems = problems.filter((p) => !/409 \(Conflict\)/.test(p));
+    if (realProblems.length > 0) throw new CheckFailed(`the page reported:\n  ${realProblems.join("\n  ")}`);
+
+    return `console OK against ${base}: rows turned HELD (countdown ${first}s then ${second}s) and SOLD without a reload, refund and timeline shown, ${requests.length} requests all to ${origin}, screenshots in ${shotDir}`;
+  } finally {
+    await browser.close();
+  }
+}
+
+async function expectText(locator, text, what) {
+  try {
+    await locator.filter({ hasText: text }).first().waitFor({ timeout: WAIT_MS });
+  } catch {
+    const shown = await locator.first().textContent().catch(() => "(nothing)");
+    throw new CheckFailed(`${what}: expected "${text}", the page shows "${(shown ?? "").trim()}"`);
+  }
+}

@@ -1,0 +1,928 @@
+// holdfast operator console: a live board of assets, holds and refunds.
+//
+// Plain script, no framework. Everything it shows comes from the JSON API of
+// the same origin (the browser sends the credentials the person signed in
+// with), polled at most once a second while the tab is visible. Every action
+// goes through the same API and idempotency rules as any other client.
+(() => {
+  "use strict";
+
+  const POLL_MS = 1000;
+  const PAGE_SIZE = 50;
+  const REFUND_PAGE = 100;
+  const SOON_SECONDS = 60;
+  const DEFAULT_STATUSES = ["AVAILABLE", "HELD", "SOLD"];
+  const WITHDRAW_PATH = "/v1/assets/{asset_id}/withdraw";
+  const REINSTATE_PATH = "/v1/assets/{asset_id}/reinstate";
+  const STATUS_WORDS = {
+    AVAILABLE: "Available",
+    HELD: "Held",
+    SOLD: "Sold",
+    WITHDRAWN: "Withdrawn",
+  };
+  const REASON_WORDS = {
+    HOLD_EXPIRED: "paid after the hold lapsed",
+    RESERVATION_RELEASED: "paid for a released hold",
+    ALREADY_COMMITTED: "second payment for a sold asset",
+  };
+
+  const $ = (id) => document.getElementById(id);
+  const reducedMotion = window.matchMedia("(prefers-reduced-motion: reduce)");
+
+  const state = {
+    doc: null, // the OpenAPI document, read once
+    statuses: DEFAULT_STATUSES.slice(),
+    filter: "", // status shown on the board; "" for all
+    pageCursors: [null], // the cursor that opens each page seen so far
+    page: 0,
+    nextCursor: null,
+    assets: [],
+    view: 0, // bumped when the board's query changes; stale answers are dropped
+    buyers: new Map(), // reservation id -> buyer id (null when unknown)
+    selected: null, // asset id whose timeline is open
+    selectedAsset: null,
+    refundFilter: "REQUESTED",
+    canWithdraw: false,
+    canReinstate: false,
+    paused: false,
+    signedOut: false,
+    timer: 0,
+    lastTick: 0,
+    failures: 0,
+    lastUpdate: null,
+    submissions: new Map(), // form -> {fingerprint, key, unanswered}
+  };
+
+  // ---- the server's clock ------------------------------------------------
+  // Holds end on the database's clock. Each answer's Date header (whole
+  // seconds) bounds the offset between that clock and this browser's; the
+  // bounds from all answers are intersected. Countdowns trust this browser's
+  // clock unless the bounds prove it wrong, and then correct it just enough.
+  const clock = { lo: -Infinity, hi: Infinity };
+
+  function observeDate(response, sentAt, receivedAt) {
+    const date = Date.parse(response.headers.get("Date") || "");
+    if (Number.isNaN(date)) return;
+    let lo = date - receivedAt;
+    let hi = date + 1000 - sentAt;
+    if (Math.max(lo, clock.lo) <= Math.min(hi, clock.hi)) {
+      lo = Math.max(lo, clock.lo);
+      hi = Math.min(hi, clock.hi);
+    }
+    clock.lo = lo;
+    clock.hi = hi;
+  }
+
+  function serverNow() {
+    const offset = Number.isFinite(clock.lo) ? Math.min(Math.max(0, clock.lo), clock.hi) : 0;
+    return Date.now() + offset;
+  }
+
+  // ---- the API -------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, problem) {
+      super(describeProblem(status, problem));
+      this.status = status;
+      this.problem = problem || {};
+    }
+  }
+
+  class NoAnswer extends Error {}
+
+  /** No answer, or a 5xx: the request may have acted (a retry with its key replays). */
+  function mayHaveActed(error) {
+    return error instanceof NoAnswer || (error instanceof ApiError && error.status >= 500);
+  }
+
+  /** One request to the API of this origin; resolves to the parsed body. */
+  async function api(method, path, options = {}) {
+    const headers = { Accept: "application/json, application/problem+json" };
+    let body;
+    if (options.body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      body = JSON.stringify(options.body);
+    }
+    if (options.idempotencyKey) headers["Idempotency-Key"] = options.idempotencyKey;
+    const sentAt = Date.now();
+    let response;
+    try {
+      response = await fetch(path, { method, headers, body, credentials: "same-origin", cache: "no-store" });
+    } catch (error) {
+      throw new NoAnswer(`No answer from the server (${error.message}).`);
+    }
+    observeDate(response, sentAt, Date.now());
+    const type = response.headers.get("Content-Type") || "";
+    let parsed = null;
+    if (type.includes("json")) {
+      try {
+        parsed = await response.json();
+      } catch {
+        parsed = null;
+      }
+    }
+    if (!response.ok) {
+      if (response.status === 401) signedOut();
+      throw new ApiError(response.status, parsed);
+    }
+    return parsed;
+  }
+
+  /** "Conflict: Asset is currently reserved…", from an RFC 9457 problem. */
+  function describeProblem(status, problem) {
+    if (!problem || typeof problem !== "object") return `The server answered ${status}.`;
+    const title = problem.title || `Error ${status}`;
+    const detail = problem.detail || problem.message || "";
+    let text = detail ? `${title}: ${detail}` : title;
+    if (Array.isArray(problem.errors) && problem.errors.length > 0) {
+      text += ` (${problem.errors.map((e) => `${e.field}: ${e.message}`).join("; ")})`;
+    }
+    return text;
+  }
+
+  /** Whether the document says this operation takes an Idempotency-Key. */
+  function takesIdempotencyKey(method, template) {
+    const operation = state.doc?.paths?.[template]?.[method.toLowerCase()];
+    return (operation?.parameters || []).some((p) => p.in === "header" && /^idempotency-key$/i.test(p.name || ""));
+  }
+
+  function hasOperation(method, template) {
+    return Boolean(state.doc?.paths?.[template]?.[method.toLowerCase()]);
+  }
+
+  function newKey() {
+    if (window.crypto?.randomUUID) return window.crypto.randomUUID();
+    // Outside a secure context randomUUID is missing; build a v4 UUID.
+    const b = window.crypto.getRandomValues(new Uint8Array(16));
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    const h = Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+    return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+  }
+
+  /**
+   * An action through the API. When the operation takes an Idempotency-Key,
+   * a retry of the same submission (same action, same values) after an
+   * unanswered attempt reuses its key, so it cannot act twice.
+   */
+  async function act(name, method, template, params, body) {
+    const path = template.replace(/\{(\w+)\}/g, (_, k) => encodeURIComponent(params[k]));
+    const fingerprint = JSON.stringify([method, path, body ?? null]);
+    let key;
+    if (takesIdempotencyKey(method, template)) {
+      const previous = state.submissions.get(name);
+      key = previous && previous.fingerprint === fingerprint && previous.unanswered ? previous.key : newKey();
+    }
+    const submission = { fingerprint, key, unanswered: true };
+    state.submissions.set(name, submission);
+    try {
+      const result = await api(method, path, { body, idempotencyKey: key });
+      submission.unanswered = false;
+      return result;
+    } catch (error) {
+      // Only a lost answer or a 5xx may have acted; after any other answer a
+      // retry is a new request.
+      submission.unanswered = mayHaveActed(error);
+      throw error;
+    }
+  }
+
+  // ---- messages --------------------------------------------------------------
+
+  let noticeTimer = 0;
+
+  function notify(text) {
+    const el = $("notice");
+    el.textContent = text;
+    clearTimeout(noticeTimer);
+    noticeTimer = setTimeout(() => {
+      el.textContent = "";
+    }, 8000);
+  }
+
+  function alertError(text) {
+    const el = $("alert");
+    el.replaceChildren();
+    if (!text) return;
+    const p = document.createElement("p");
+    p.textContent = text;
+    const dismiss = button("Dismiss", "secondary small", () => {
+      el.replaceChildren();
+    });
+    el.append(p, dismiss);
+  }
+
+  function failure(error) {
+    return error instanceof Error ? error.message : String(error);
+  }
+
+  function setLive(kind, text) {
+    const el = $("live-state");
+    el.dataset.state = kind;
+    el.textContent = text;
+  }
+
+  function signedOut() {
+    if (state.signedOut) return;
+    state.signedOut = true;
+    stopPolling();
+    setLive("error", "Not signed in");
+    alertError("The server no longer accepts this page's credentials (401). Reload the page to sign in with an admin API key.");
+  }
+
+  // ---- small DOM helpers -------------------------------------------------
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined && text !== null) node.textContent = text;
+    return node;
+  }
+
+  function button(text, className, onClick) {
+    const b = el("button", className, text);
+    b.type = "button";
+    b.addEventListener("click", onClick);
+    return b;
+  }
+
+  function setText(node, text) {
+    if (node.textContent !== text) node.textContent = text;
+  }
+
+  function statusWord(status) {
+    return STATUS_WORDS[status] || status.charAt(0) + status.slice(1).toLowerCase();
+  }
+
+  function badge(status) {
+    const span = el("span", `badge badge-${status.toLowerCase()}`, status);
+    return span;
+  }
+
+  function localTime(iso) {
+    const d = new Date(iso);
+    if (Number.isNaN(d.getTime())) return "";
+    const today = new Date().toDateString() === d.toDateString();
+    return today
+      ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" })
+      : d.toLocaleString([], { dateStyle: "medium", timeStyle: "short" });
+  }
+
+  function timeEl(iso, className) {
+    const t = el("time", className, localTime(iso));
+    t.dateTime = iso;
+    t.title = iso;
+    return t;
+  }
+
+  /** 4:05, or 1:02:03 for an hour and more. */
+  function formatRemaining(ms) {
+    const total = Math.ceil(ms / 1000);
+    const h = Math.floor(total / 3600);
+    const m = Math.floor((total % 3600) / 60);
+    const s = String(total % 60).padStart(2, "0");
+    return h > 0 ? `${h}:${String(m).padStart(2, "0")}:${s}` : `${m}:${s}`;
+  }
+
+  function countdown(expiresAt) {
+    const t = el("time", "countdown");
+    t.dateTime = expiresAt;
+    t.dataset.expires = String(Date.parse(expiresAt));
+    t.title = `Hold ends at ${localTime(expiresAt)}`;
+    paintCountdown(t);
+    return t;
+  }
+
+  function paintCountdown(t) {
+    const left = Number(t.dataset.expires) - serverNow();
+    if (left > 0) {
+      setText(t, formatRemaining(left));
+      t.classList.toggle("soon", left <= SOON_SECONDS * 1000);
+      t.classList.remove("lapsed");
+    } else {
+      setText(t, "lapsed");
+      t.classList.add("lapsed");
+    }
+  }
+
+  function tickCountdowns() {
+    for (const t of document.querySelectorAll("time.countdown")) paintCountdown(t);
+  }
+
+  // ---- counts ------------------------------------------------------------------
+
+  async function loadCounts() {
+    const body = await api("GET", "/v1/asset-counts");
+    const counts = body?.counts || {};
+    for (const status of Object.keys(counts)) {
+      if (!state.statuses.includes(status)) {
+        state.statuses.push(status);
+        renderStatusOptions();
+      }
+    }
+    let total = 0;
+    for (const status of state.statuses) total += counts[status] || 0;
+    for (const item of $("counts").querySelectorAll("button[data-status]")) {
+      const status = item.dataset.status;
+      const n = status === "" ? total : counts[status] || 0;
+      setText(item.querySelector(".count-n"), String(n));
+    }
+  }
+
+  function renderCounts() {
+    const list = $("counts");
+    list.replaceChildren();
+    for (const status of ["", ...state.statuses]) {
+      const li = el("li");
+      const b = button("", `count count-${(status || "all").toLowerCase()}`, () => setFilter(status));
+      b.dataset.status = status;
+      b.setAttribute("aria-pressed", String(state.filter === status));
+      b.append(el("span", "count-n", "–"), el("span", "count-label", status ? statusWord(status) : "All"));
+      li.append(b);
+      list.append(li);
+    }
+  }
+
+  // ---- the board -------------------------------------------------------------
+
+  function renderStatusOptions() {
+    const box = $("status-options");
+    box.replaceChildren();
+    for (const status of ["", ...state.statuses]) {
+      const id = `status-${status || "all"}`;
+      const input = el("input");
+      input.type = "radio";
+      input.name = "status";
+      input.id = id;
+      input.value = status;
+      input.checked = state.filter === status;
+      input.addEventListener("change", () => setFilter(status));
+      const label = el("label", "chip", status ? statusWord(status) : "All");
+      label.htmlFor = id;
+      box.append(input, label);
+    }
+    renderCounts();
+  }
+
+  function setFilter(status) {
+    if (state.filter === status) return;
+    state.filter = status;
+    for (const input of document.querySelectorAll('input[name="status"]')) input.checked = input.value === status;
+    for (const b of $("counts").querySelectorAll("button[data-status]")) {
+      b.setAttribute("aria-pressed", String(b.dataset.status === status));
+    }
+    state.pageCursors = [null];
+    state.page = 0;
+    refreshBoard();
+  }
+
+  function refreshBoard() {
+    state.view += 1;
+    loadAssets().catch(reportLoadError);
+  }
+
+  async function loadAssets() {
+    const view = state.view;
+    const params = new URLSearchParams({ limit: String(PAGE_SIZE) });
+    if (state.filter) params.set("status", state.filter);
+    const cursor = state.pageCursors[state.page];
+    if (cursor) params.set("cursor", cursor);
+    const body = await api("GET", `/v1/assets?${params}`);
+    if (view !== state.view) return; // the operator asked for something else meanwhile
+    state.assets = body?.items || [];
+    state.nextCursor = body?.next_cursor || null;
+    renderBoard();
+    lookUpBuyers(state.assets);
+  }
+
+  /** Buyers are on reservations; each reservation is read once. */
+  function lookUpBuyers(assets) {
+    for (const asset of assets) {
+      const rid = asset.current_reservation_id;
+      if (!rid || state.buyers.has(rid)) continue;
+      state.buyers.set(rid, undefined);
+      api("GET", `/v1/reservations/${encodeURIComponent(rid)}`)
+        .then((r) => {
+          state.buyers.set(rid, r?.buyer_id ?? null);
+          paintBuyers();
+        })
+        .catch(() => {
+          state.buyers.delete(rid); // try again on a later update
+        });
+    }
+    if (state.buyers.size > 2000) {
+      const keep = new Set(assets.map((a) => a.current_reservation_id));
+      for (const rid of state.buyers.keys()) if (!keep.has(rid)) state.buyers.delete(rid);
+    }
+  }
+
+  function buyerOf(asset) {
+    const rid = asset.current_reservation_id;
+    if (!rid) return "—";
+    const buyer = state.buyers.get(rid);
+    return buyer === undefined ? "…" : buyer ?? "—";
+  }
+
+  function paintBuyers() {
+    for (const row of $("asset-rows").children) {
+      const asset = row._asset;
+      if (asset) setText(row.querySelector(".cell-buyer .value"), buyerOf(asset));
+    }
+    if (state.selectedAsset) {
+      const cell = document.querySelector("#asset-detail .detail-buyer");
+      if (cell) setText(cell, buyerOf(state.selectedAsset));
+    }
+  }
+
+  function matchesSearch(asset) {
+    const q = $("search").value.trim().toLowerCase();
+    return q === "" || asset.id.toLowerCase().includes(q);
+  }
+
+  const COLUMNS = ["Asset", "Name", "Status", "Hold ends in", "Buyer", "Updated", "Actions"];
+
+  function newRow(asset) {
+    const tr = el("tr");
+    tr.setAttribute("role", "row");
+    tr.dataset.id = asset.id;
+    const th = el("th");
+    th.scope = "row";
+    th.setAttribute("role", "rowheader");
+    th.className = "cell-id";
+    const open = button(asset.id, "asset-link", () => openTimeline(asset.id, open));
+    open.setAttribute("aria-controls", "timeline");
+    open.setAttribute("aria-expanded", "false");
+    open.setAttribute("aria-label", `${asset.id}: show timeline`);
+    th.append(open);
+    tr.append(th);
+    for (const [i, name] of ["name", "status", "hold", "buyer", "updated", "actions"].entries()) {
+      const td = el("td", `cell-${name}`);
+      td.setAttribute("role", "cell");
+      td.dataset.label = COLUMNS[i + 1];
+      td.append(el("span", "value"));
+      tr.append(td);
+    }
+    return tr;
+  }
+
+  function paintRow(tr, asset) {
+    const previous = tr._asset;
+    tr._asset = asset;
+    tr.dataset.status = asset.status;
+    setText(tr.querySelector(".cell-name .value"), asset.name);
+    const statusCell = tr.querySelector(".cell-status .value");
+    if (!previous || previous.status !== asset.status) {
+      statusCell.replaceChildren(badge(asset.status));
+      if (previous) flash(tr);
+    }
+    const holdCell = tr.querySelector(".cell-hold .value");
+    if (!previous || previous.hold_expires_at !== asset.hold_expires_at || previous.status !== asset.status) {
+      holdCell.replaceChildren(asset.status === "HELD" && asset.hold_expires_at ? countdown(asset.hold_expires_at) : el("span", "none", "—"));
+    }
+    setText(tr.querySelector(".cell-buyer .value"), buyerOf(asset));
+    if (!previous || previous.updated_at !== asset.updated_at) {
+      tr.querySelector(".cell-updated .value").replaceChildren(timeEl(asset.updated_at));
+    }
+    if (!previous || previous.status !== asset.status) {
+      tr.querySelector(".cell-actions .value").replaceChildren(...actionButtons(asset));
+    }
+    const open = tr.querySelector(".asset-link");
+    const selected = state.selected === asset.id;
+    open.setAttribute("aria-expanded", String(selected));
+    tr.classList.toggle("selected", selected);
+    tr.hidden = !matchesSearch(asset);
+  }
+
+  function flash(tr) {
+    tr.classList.remove("changed");
+    void tr.offsetWidth; // restart the highlight
+    tr.classList.add("changed");
+  }
+
+  const rows = new Map(); // asset id -> <tr>
+
+  function renderBoard() {
+    const body = $("asset-rows");
+    const seen = new Set();
+    let position = 0;
+    for (const asset of state.assets) {
+      seen.add(asset.id);
+      let tr = rows.get(asset.id);
+      if (!tr) {
+        tr = newRow(asset);
+        rows.set(asset.id, tr);
+      }
+      paintRow(tr, asset);
+      // Move a row only when it is out of place, so focus is kept.
+      if (body.children[position] !== tr) body.insertBefore(tr, body.children[position] || null);
+      position += 1;
+    }
+    for (const [id, tr] of rows) {
+      if (!seen.has(id)) {
+        tr.remove();
+        rows.delete(id);
+      }
+    }
+    const shown = state.assets.filter(matchesSearch).length;
+    $("assets-empty").hidden = shown > 0;
+    $("assets-empty").textContent = state.assets.length === 0 ? "No assets match." : "No asset on this page matches the id typed.";
+    const what = state.filter ? `${statusWord(state.filter)} assets` : "All assets";
+    const q = $("search").value.trim();
+    setText($("assets-caption"), `${what}, page ${state.page + 1}${q ? `, ids containing “${q}”` : ""}: ${shown} shown`);
+    setText($("page-number"), `Page ${state.page + 1}`);
+    $("prev-page").disabled = state.page === 0;
+    $("next-page").disabled = !state.nextCursor;
+    $("pager").hidden = state.page === 0 && !state.nextCursor;
+    $("assets").classList.toggle("no-actions", !(state.canWithdraw || state.canReinstate));
+  }
+
+  function actionButtons(asset) {
+    const buttons = [];
+    if (state.canWithdraw && (asset.status === "AVAILABLE" || asset.status === "HELD")) {
+      const b = button("Withdraw", "secondary small", () => withdraw(asset.id, b));
+      b.setAttribute("aria-label", `Withdraw ${asset.id}`);
+      buttons.push(b);
+    }
+    if (state.canReinstate && asset.status === "WITHDRAWN") {
+      const b = button("Reinstate", "secondary small", () => reinstate(asset.id, b));
+      b.setAttribute("aria-label", `Reinstate ${asset.id}`);
+      buttons.push(b);
+    }
+    return buttons;
+  }
+
+  // ---- admin actions ---------------------------------------------------------
+
+  async function withdraw(assetId, trigger) {
+    const asset = state.assets.find((a) => a.id === assetId) || (state.selectedAsset?.id === assetId ? state.selectedAsset : null);
+    let body = {};
+    if (asset?.status === "HELD") {
+      const buyer = buyerOf(asset);
+      const who = buyer && buyer !== "—" && buyer !== "…" ? ` by ${buyer}` : "";
+      if (!window.confirm(`${assetId} is held${who}. Withdraw it anyway? The hold ends now.`)) return;
+      body = { force: true };
+    }
+    await runAction(trigger, async () => {
+      const result = await act(`withdraw:${assetId}`, "POST", WITHDRAW_PATH, { asset_id: assetId }, body);
+      notify(`${assetId} is ${result?.status || "withdrawn"}.`);
+    });
+  }
+
+  async function reinstate(assetId, trigger) {
+    await runAction(trigger, async () => {
+      const result = await act(`reinstate:${assetId}`, "POST", REINSTATE_PATH, { asset_id: assetId }, {});
+      notify(`${assetId} is ${result?.status || "reinstated"}.`);
+    });
+  }
+
+  async function runAction(trigger, work) {
+    if (trigger) trigger.disabled = true;
+    alertError("");
+    try {
+      await work();
+      refreshBoard();
+      loadCounts().catch(() => {});
+      if (state.selected) loadTimeline().catch(() => {});
+    } catch (error) {
+      alertError(failure(error));
+    } finally {
+      if (trigger && trigger.isConnected) trigger.disabled = false;
+    }
+  }
+
+  async function createAsset(event) {
+    event.preventDefault();
+    const form = event.currentTarget;
+    const id = form.elements.id.value.trim();
+    const name = form.elements.name.value.trim();
+    const submit = $("create-submit");
+    const previous = state.submissions.get("create");
+    const retried = Boolean(previous?.unanswered) && previous.fingerprint === JSON.stringify(["POST", "/v1/assets", { id, name }]);
+    await runAction(submit, async () => {
+      try {
+        const asset = await act("create", "POST", "/v1/assets", {}, { id, name });
+        notify(`Created ${asset?.id || id}.`);
+      } catch (error) {
+        // The unanswered first try may have created it: the same asset is success.
+        if (retried && error instanceof ApiError && error.problem.error_code === "ASSET_EXISTS") {
+          const existing = await api("GET", `/v1/assets/${encodeURIComponent(id)}`).catch(() => null);
+          if (existing?.name === name) {
+            notify(`Created ${id}.`);
+            return;
+          }
+        }
+        if (mayHaveActed(error)) throw new Error(`${error.message} Press Create asset again to retry.`);
+        throw error;
+      }
+      form.reset();
+      form.elements.id.focus();
+    });
+  }
+
+  // ---- search ------------------------------------------------------------------
+
+  async function findAsset(event) {
+    event.preventDefault();
+    const id = $("search").value.trim();
+    if (!id) return;
+    alertError("");
+    try {
+      const asset = await api("GET", `/v1/assets/${encodeURIComponent(id)}`);
+      showTimeline(asset.id, null);
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 404) alertError(`No asset has the id “${id}”.`);
+      else alertError(failure(error));
+    }
+  }
+
+  // ---- the timeline ----------------------------------------------------------
+
+  let timelineOpener = null;
+
+  function openTimeline(assetId, opener) {
+    if (state.selected === assetId && !$("timeline").hidden) {
+      closeTimeline();
+      return;
+    }
+    showTimeline(assetId, opener);
+  }
+
+  function showTimeline(assetId, opener) {
+    state.selected = assetId;
+    state.selectedAsset = null;
+    timelineOpener = opener || null;
+    const panel = $("timeline");
+    panel.hidden = false;
+    setText($("timeline-heading"), `Timeline of ${assetId}`);
+    $("asset-detail").replaceChildren();
+    $("detail-actions").replaceChildren();
+    $("events").replaceChildren();
+    $("events-empty").hidden = true;
+    for (const tr of rows.values()) {
+      const selected = tr.dataset.id === assetId;
+      tr.classList.toggle("selected", selected);
+      tr.querySelector(".asset-link").setAttribute("aria-expanded", String(selected));
+    }
+    panel.focus({ preventScroll: true });
+    panel.scrollIntoView({ block: "nearest", behavior: reducedMotion.matches ? "auto" : "smooth" });
+    loadTimeline().catch(reportLoadError);
+  }
+
+  function closeTimeline() {
+    state.selected = null;
+    state.selectedAsset = null;
+    $("timeline").hidden = true;
+    for (const tr of rows.values()) {
+      tr.classList.remove("selected");
+      tr.querySelector(".asset-link").setAttribute("aria-expanded", "false");
+    }
+    const back = timelineOpener && timelineOpener.isConnected ? timelineOpener : $("board");
+    timelineOpener = null;
+    back.focus();
+  }
+
+  async function loadTimeline() {
+    const id = state.selected;
+    if (!id) return;
+    const path = `/v1/assets/${encodeURIComponent(id)}`;
+    let asset;
+    let events;
+    try {
+      [asset, events] = await Promise.all([api("GET", path), api("GET", `${path}/events`)]);
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 404 && state.selected === id) {
+        alertError(`No asset has the id “${id}”.`);
+        closeTimeline();
+        return;
+      }
+      throw error;
+    }
+    if (state.selected !== id) return;
+    const changed = !state.selectedAsset || state.selectedAsset.version !== asset.version || state.selectedAsset.status !== asset.status;
+    state.selectedAsset = asset;
+    if (changed || $("asset-detail").childElementCount === 0) renderDetail(asset);
+    lookUpBuyers([asset]);
+    renderEvents(events?.items || []);
+  }
+
+  function renderDetail(asset) {
+    const dl = $("asset-detail");
+    const entries = [
+      ["Name", el("span", null, asset.name)],
+      ["Status", badge(asset.status)],
+      ["Hold ends in", asset.status === "HELD" && asset.hold_expires_at ? countdown(asset.hold_expires_at) : el("span", null, "—")],
+      ["Buyer", el("span", "detail-buyer", buyerOf(asset))],
+      ["Reservation", el("code", null, asset.current_reservation_id || "—")],
+      ["Version", el("span", null, String(asset.version))],
+      ["Created", timeEl(asset.created_at)],
+    ];
+    dl.replaceChildren();
+    for (const [term, value] of entries) {
+      const div = el("div");
+      div.append(el("dt", null, term));
+      const dd = el("dd");
+      dd.append(value);
+      div.append(dd);
+      dl.append(div);
+    }
+    $("detail-actions").replaceChildren(...actionButtons(asset));
+  }
+
+  function describeEvent(event) {
+    const d = event.data || {};
+    switch (event.type) {
+      case "reservation.held":
+        return `Held by ${d.buyer_id ?? "a buyer"} until ${localTime(d.expires_at)}`;
+      case "reservation.committed":
+        return `Committed: sold, payment ${d.payment_reference ?? "—"}`;
+      case "reservation.released":
+        return "Released: available again";
+      case "reservation.expired":
+        return "Hold expired: available again";
+      case "refund.requested":
+        return `Refund requested for payment ${d.payment_reference ?? "—"} (${REASON_WORDS[d.reason] || d.reason || "refund"})`;
+      case "refund.completed":
+        return `Refund paid back for payment ${d.payment_reference ?? "—"}`;
+      default:
+        return event.type;
+    }
+  }
+
+  function renderEvents(events) {
+    const list = $("events");
+    $("events-empty").hidden = events.length > 0;
+    // Events never change; append the new ones.
+    const known = list.childElementCount;
+    if (events.length < known) list.replaceChildren();
+    for (const event of events.slice(list.childElementCount)) {
+      const li = el("li", `event event-${event.type.replace(/\W/g, "-")}`);
+      li.dataset.sequence = String(event.sequence);
+      const head = el("div", "event-head");
+      head.append(el("span", "event-seq", `#${event.sequence}`), el("code", "event-type", event.type), timeEl(event.created_at, "event-time"));
+      li.append(head, el("p", "event-text", describeEvent(event)));
+      list.append(li);
+    }
+  }
+
+  // ---- refunds -----------------------------------------------------------------
+
+  async function loadRefunds() {
+    const params = new URLSearchParams({ limit: String(REFUND_PAGE) });
+    if (state.refundFilter) params.set("status", state.refundFilter);
+    const filter = state.refundFilter;
+    const body = await api("GET", `/v1/refunds?${params}`);
+    if (filter !== state.refundFilter) return;
+    const items = (body?.items || []).slice();
+    // Waiting ones first; each group oldest first, as the API lists them.
+    items.sort((a, b) => (a.status === "REQUESTED" ? 0 : 1) - (b.status === "REQUESTED" ? 0 : 1));
+    renderRefunds(items, Boolean(body?.next_cursor));
+  }
+
+  function renderRefunds(items, more) {
+    const list = $("refunds");
+    const waiting = items.filter((r) => r.status === "REQUESTED").length;
+    setText($("refunds-heading"), `Refunds${waiting ? ` waiting: ${waiting}${more ? "+" : ""}` : ""}`);
+    const empty = $("refunds-empty");
+    empty.hidden = items.length > 0;
+    setText(empty, state.refundFilter ? "No refunds waiting." : "No refunds.");
+    const signature = JSON.stringify(items.map((r) => [r.refund_id, r.status]));
+    if (list.dataset.signature === signature) return;
+    list.dataset.signature = signature;
+    const focused = document.activeElement?.closest?.("#refunds li")?.dataset.id;
+    list.replaceChildren();
+    for (const refund of items) {
+      const li = el("li", `refund refund-${refund.status.toLowerCase()}`);
+      li.dataset.id = refund.refund_id;
+      const head = el("div", "refund-head");
+      const open = button(refund.asset_id, "asset-link", () => showTimeline(refund.asset_id, open));
+      open.setAttribute("aria-label", `${refund.asset_id}: show timeline`);
+      head.append(open, el("span", `badge badge-${refund.status.toLowerCase()}`, refund.status));
+      const text = el("p", "refund-text");
+      text.append(
+        el("span", null, `Payment `),
+        el("code", null, refund.payment_reference),
+        el("span", null, `: ${REASON_WORDS[refund.reason] || refund.reason}, since `),
+        timeEl(refund.created_at),
+      );
+      li.append(head, text, el("p", "refund-id", refund.refund_id));
+      list.append(li);
+      if (focused === refund.refund_id) open.focus();
+    }
+    if (more) list.append(el("li", "more", `More than ${REFUND_PAGE}; the API lists them all (GET /v1/refunds).`));
+  }
+
+  // ---- polling -------------------------------------------------------------------
+
+  function reportLoadError(error) {
+    if (error instanceof ApiError && error.status === 401) return;
+    alertError(failure(error));
+  }
+
+  async function tick() {
+    state.timer = 0;
+    if (state.paused || state.signedOut || document.hidden) return;
+    state.lastTick = performance.now();
+    const loads = [loadAssets(), loadCounts(), loadRefunds()];
+    if (state.selected) loadTimeline().catch(() => {});
+    const results = await Promise.allSettled(loads);
+    const failed = results.find((r) => r.status === "rejected");
+    if (state.signedOut) return;
+    if (failed) {
+      state.failures += 1;
+      const error = failed.reason;
+      if (error instanceof ApiError && error.status === 403) {
+        setLive("error", "Not allowed");
+        alertError(`${failure(error)} The console needs an admin API key.`);
+        return stopPolling();
+      }
+      setLive("error", error instanceof NoAnswer ? "Connection lost, retrying" : "Updates failing, retrying");
+    } else {
+      state.failures = 0;
+      state.lastUpdate = new Date();
+      setLive("ok", `Live, updated ${state.lastUpdate.toLocaleTimeString()}`);
+    }
+    schedule();
+  }
+
+  /** The next poll: a second after the last one began (longer after failures). */
+  function schedule() {
+    if (state.timer || state.paused || state.signedOut || document.hidden) return;
+    const wait = POLL_MS * Math.min(2 ** state.failures, 10);
+    const due = Math.max(0, state.lastTick + wait - performance.now());
+    state.timer = setTimeout(tick, due);
+  }
+
+  function stopPolling() {
+    clearTimeout(state.timer);
+    state.timer = 0;
+  }
+
+  function onVisibility() {
+    if (document.hidden) {
+      stopPolling();
+      setLive("paused", "Paused while the tab is hidden");
+    } else if (!state.paused && !state.signedOut) {
+      schedule();
+    }
+  }
+
+  function togglePause() {
+    state.paused = !state.paused;
+    const b = $("pause");
+    b.setAttribute("aria-pressed", String(state.paused));
+    b.textContent = state.paused ? "Resume updates" : "Pause updates";
+    if (state.paused) {
+      stopPolling();
+      setLive("paused", "Paused");
+    } else {
+      schedule();
+    }
+  }
+
+  // ---- start -------------------------------------------------------------------
+
+  async function start() {
+    $("pause").addEventListener("click", togglePause);
+    $("filters").addEventListener("submit", findAsset);
+    $("search").addEventListener("input", renderBoard);
+    $("prev-page").addEventListener("click", () => {
+      if (state.page === 0) return;
+      state.page -= 1;
+      refreshBoard();
+    });
+    $("next-page").addEventListener("click", () => {
+      if (!state.nextCursor) return;
+      state.pageCursors[state.page + 1] = state.nextCursor;
+      state.page += 1;
+      refreshBoard();
+    });
+    $("refund-filter").addEventListener("change", (e) => {
+      state.refundFilter = e.target.value;
+      $("refunds").dataset.signature = "";
+      loadRefunds().catch(reportLoadError);
+    });
+    $("timeline-close").addEventListener("click", closeTimeline);
+    $("timeline").addEventListener("keydown", (e) => {
+      if (e.key === "Escape") closeTimeline();
+    });
+    $("create-form").addEventListener("submit", createAsset);
+    document.addEventListener("visibilitychange", onVisibility);
+    setInterval(tickCountdowns, 250);
+
+    // What this server offers: statuses, and actions that may not exist yet.
+    try {
+      state.doc = await api("GET", "/openapi.json");
+      const statuses = state.doc?.components?.schemas?.AssetStatus?.enum;
+      if (Array.isArray(statuses) && statuses.length > 0) state.statuses = statuses.slice();
+      state.canWithdraw = hasOperation("POST", WITHDRAW_PATH);
+      state.canReinstate = hasOperation("POST", REINSTATE_PATH);
+    } catch (error) {
+      alertError(`Could not read /openapi.json: ${failure(error)}`);
+    }
+    renderStatusOptions();
+    tick();
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();
