@@ -58,6 +58,26 @@ pub struct Config {
     )]
     pub hold_seconds_max: i64,
 
+    /// Longest a hold may live from its creation, extensions included.
+    #[arg(
+        long,
+        env = "HOLDFAST_HOLD_MAX_TOTAL_SECONDS",
+        default_value_t = 7200,
+        global = true
+    )]
+    pub hold_max_total_seconds: i64,
+
+    /// A commit after its hold lapsed: `refund` (always) or `accept-if-free`
+    /// (sell when nobody held or bought the asset since; else refund).
+    #[arg(
+        long,
+        env = "HOLDFAST_LATE_COMMIT",
+        value_enum,
+        default_value_t = LateCommit::Refund,
+        global = true
+    )]
+    pub late_commit: LateCommit,
+
     /// Seconds between janitor passes; 0 turns the janitor off.
     #[arg(
         long,
@@ -297,6 +317,15 @@ fn invalid(setting: &'static str, problem: impl Into<String>) -> ConfigError {
 }
 
 /// Where the data lives, parsed from `HOLDFAST_DATABASE_URL`.
+/// What a commit after its hold lapsed does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LateCommit {
+    /// Refund the payment (409 HOLD_EXPIRED).
+    Refund,
+    /// Sell the asset when nobody held or bought it since; else refund.
+    AcceptIfFree,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DatabaseUrl {
     Postgres(String),
@@ -312,6 +341,8 @@ impl Config {
             hold_seconds: 600,
             hold_seconds_min: 30,
             hold_seconds_max: 3600,
+            hold_max_total_seconds: 7200,
+            late_commit: LateCommit::Refund,
             janitor_interval_seconds: 30,
             janitor_batch: 500,
             idempotency_retention_hours: 24,
@@ -360,6 +391,15 @@ impl Config {
             return Err(invalid(
                 "HOLDFAST_HOLD_SECONDS_MAX",
                 "must be at most 604800 (a week)",
+            ));
+        }
+        if self.hold_max_total_seconds < self.hold_seconds_max {
+            return Err(invalid(
+                "HOLDFAST_HOLD_MAX_TOTAL_SECONDS",
+                format!(
+                    "must not be below HOLDFAST_HOLD_SECONDS_MAX ({})",
+                    self.hold_seconds_max
+                ),
             ));
         }
         if !(self.hold_seconds_min..=self.hold_seconds_max).contains(&self.hold_seconds) {

@@ -39,6 +39,8 @@ pub const METRICS: &[(&str, &str)] = &[
         "Commit requests by outcome: committed, replayed, unchanged, hold_expired, not_active, already_committed, payment_reference_used, not_found, rejected.",
     ),
     ("holdfast_releases_total", "Release requests by outcome: released, replayed, unchanged, not_active, not_found, rejected."),
+    ("holdfast_extensions_total", "Extend requests by outcome: extended, replayed, not_active, limit_reached, not_found, rejected."),
+    ("holdfast_voids_total", "Void requests by outcome: voided, replayed, unchanged, not_active, not_found, rejected."),
     ("holdfast_refunds_requested_total", "Refunds created, by reason."),
     ("holdfast_refunds_completed_total", "Refunds reported done by the payment system."),
     ("holdfast_idempotency_replays_total", "Answers replayed from an idempotency key."),

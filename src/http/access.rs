@@ -72,7 +72,9 @@ pub fn rule(operation_id: &str) -> Option<Rule> {
         }
         "get_asset" | "list_assets" | "list_asset_events" | "list_events" => Rule::Roles(ALL),
         "hold_asset" => Rule::Roles(&[Admin, Storefront]),
-        "get_reservation" | "release_reservation" => Rule::Roles(ALL),
+        "get_reservation" | "release_reservation" | "list_reservations" => Rule::Roles(ALL),
+        "extend_reservation" => Rule::Roles(&[Admin, Storefront]),
+        "void_reservation" => Rule::Roles(&[Admin]),
         "commit_reservation" | "list_refunds" | "complete_refund" => {
             Rule::Roles(&[Admin, Payments])
         }

@@ -289,8 +289,10 @@ pub async fn list_assets(
                 .status
                 .as_deref()
                 .map(|s| {
-                    AssetStatus::parse(s)
-                        .ok_or_else(|| "must be AVAILABLE, HELD or SOLD".to_owned())
+                    AssetStatus::parse(s).ok_or_else(|| {
+                        let all: Vec<&str> = AssetStatus::ALL.iter().map(|s| s.as_str()).collect();
+                        format!("must be one of {}", all.join(", "))
+                    })
                 })
                 .transpose(),
         )

@@ -59,9 +59,15 @@ const GUARDED: &[(u16, &[ErrorCode])] = &[
 fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
     let own: &[(u16, &[ErrorCode])] = match operation_id {
         "create_asset" => &[(409, &[AssetExists]), (422, &[ValidationFailed])],
-        "get_asset" | "list_asset_events" | "reinstate_asset" => &[(404, &[AssetNotFound])],
-        "update_asset" => &[(404, &[AssetNotFound]), (422, &[ValidationFailed])],
-        "withdraw_asset" => &[(404, &[AssetNotFound]), (409, &[AssetHeld, AssetSold])],
+        "get_asset" | "list_asset_events" => &[(404, &[AssetNotFound])],
+        "update_asset" | "reinstate_asset" => {
+            &[(404, &[AssetNotFound]), (422, &[ValidationFailed])]
+        }
+        "withdraw_asset" => &[
+            (404, &[AssetNotFound]),
+            (409, &[AssetHeld, AssetSold]),
+            (422, &[ValidationFailed]),
+        ],
         "list_assets" => &[(422, &[ValidationFailed])],
         "hold_asset" => &[
             (404, &[AssetNotFound]),
@@ -89,6 +95,22 @@ fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
                 ],
             ),
         ],
+        "extend_reservation" => &[
+            (404, &[ReservationNotFound]),
+            (
+                409,
+                &[
+                    ReservationNotActive,
+                    HoldExtensionLimit,
+                    IdempotencyKeyInUse,
+                ],
+            ),
+        ],
+        "void_reservation" => &[
+            (404, &[ReservationNotFound]),
+            (409, &[ReservationNotActive, IdempotencyKeyInUse]),
+        ],
+        "list_reservations" => &[(422, &[ValidationFailed])],
         "release_reservation" => &[
             (404, &[ReservationNotFound]),
             (409, &[ReservationNotActive, IdempotencyKeyInUse]),
@@ -102,9 +124,12 @@ fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
     };
     let body: &[(u16, &[ErrorCode])] = match operation_id {
         "create_asset" | "update_asset" | "withdraw_asset" | "reinstate_asset" => BODY,
-        "hold_asset" | "commit_reservation" | "release_reservation" | "complete_refund" => {
-            KEYED_BODY
-        }
+        "hold_asset"
+        | "commit_reservation"
+        | "release_reservation"
+        | "complete_refund"
+        | "extend_reservation"
+        | "void_reservation" => KEYED_BODY,
         _ => &[],
     };
     let guarded: &[(u16, &[ErrorCode])] = match access::rule(operation_id) {

@@ -1,19 +1,25 @@
 //! Reservations: hold, read, commit, release. Every POST takes an Idempotency-Key.
 
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
-use serde::Deserialize;
-use utoipa::ToSchema;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
 use super::docs::IdempotencyKeyParam;
 use super::error::{respond, ApiError};
-use super::extract::{IdempotencyKeyHeader, JsonBody, Validator};
+use super::extract::{page_limit, IdempotencyKeyHeader, JsonBody, Validator};
 use super::AppState;
+use crate::config::LateCommit;
 use crate::domain::RefundReason;
-use crate::domain::{AssetId, BuyerId, PaymentReference, Reservation, ReservationId};
+use crate::domain::{
+    AssetId, BuyerId, PaymentReference, Reservation, ReservationId, ReservationStatus,
+};
 use crate::reply::{self, Reply};
 use crate::store::{
-    CommitOutcome, CommitRequest, HoldOutcome, HoldRequest, ReleaseOutcome, ReleaseRequest,
+    CommitOutcome, CommitRequest, ExtendOutcome, ExtendRequest, HoldOutcome, HoldRequest,
+    ReleaseOutcome, ReleaseRequest, ReservationPage, VoidOutcome, VoidRequest,
 };
 use crate::telemetry::count;
 
@@ -209,6 +215,7 @@ pub async fn commit_reservation(
         reservation_id: record_reservation(reservation_id(&path)?, &key),
         payment_reference,
         idempotency: caller.idempotency(key, &req, &body.canonical),
+        accept_late: state.config.late_commit == LateCommit::AcceptIfFree,
     };
     const COMMITS: &str = "holdfast_commits_total";
     Ok(match state.store.commit(&request).await? {
@@ -301,6 +308,297 @@ pub async fn release_reservation(
             return Err(reply::reservation_not_found().into());
         }
     })
+}
+
+/// How much longer a live hold should run.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendReservationRequest {
+    /// The hold then lapses this many seconds from now (database clock),
+    /// within HOLDFAST_HOLD_SECONDS_MIN..=HOLDFAST_HOLD_SECONDS_MAX; the whole
+    /// hold may last at most HOLDFAST_HOLD_MAX_TOTAL_SECONDS from its creation.
+    #[schema(minimum = 30, maximum = 3600, example = 300)]
+    pub hold_seconds: i64,
+}
+
+/// Extend a live hold while a slow payment runs.
+///
+/// One conditional update sets the hold's expiry to now + `hold_seconds`.
+/// A hold that is no longer live answers 409 RESERVATION_NOT_ACTIVE; one that
+/// would outlive HOLDFAST_HOLD_MAX_TOTAL_SECONDS from its creation, 409
+/// HOLD_EXTENSION_LIMIT. Event `reservation.extended`.
+#[utoipa::path(
+    tag = "reservations",
+    operation_id = "extend_reservation",
+    params(
+        ("reservation_id" = String, Path, description = "res_ followed by a ULID", pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$"),
+        IdempotencyKeyParam,
+    ),
+    request_body = ExtendReservationRequest,
+    responses(
+        (status = 200, description = "The hold with its new expiry (or a replay)", body = Reservation,
+         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with this key"))),
+    )
+)]
+#[post("/v1/reservations/{reservation_id}/extend")]
+pub async fn extend_reservation(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Caller,
+    key: IdempotencyKeyHeader,
+    path: web::Path<String>,
+    body: JsonBody<ExtendReservationRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let mut v = Validator::default();
+    let hold_seconds = v.check(
+        "hold_seconds",
+        state
+            .config
+            .hold_bounds()
+            .hold_seconds(Some(body.value.hold_seconds)),
+    );
+    v.finish()?;
+    let Some(hold_seconds) = hold_seconds else {
+        return Err(reply::validation_failed(Vec::new()).into());
+    };
+    let request = ExtendRequest {
+        reservation_id: record_reservation(reservation_id(&path)?, &key),
+        hold_seconds,
+        max_total_seconds: state.config.hold_max_total_seconds,
+        visible_to: caller.owner_filter(),
+        idempotency: caller.idempotency(key, &req, &body.canonical),
+    };
+    const EXTENSIONS: &str = "holdfast_extensions_total";
+    Ok(match state.store.extend(&request).await? {
+        ExtendOutcome::Extended(reply) => {
+            count(EXTENSIONS, "extended");
+            tracing::info!(hold_seconds, "hold extended");
+            respond(reply)
+        }
+        ExtendOutcome::Replayed(reply) => replayed(EXTENSIONS, reply),
+        ExtendOutcome::NotActive(r) => {
+            count(EXTENSIONS, "not_active");
+            respond(reply::reservation_not_active(&r).into_reply())
+        }
+        ExtendOutcome::LimitReached(r) => {
+            count(EXTENSIONS, "limit_reached");
+            let problem = reply::hold_extension_limit(&r, request.max_total_seconds);
+            respond(problem.into_reply())
+        }
+        ExtendOutcome::KeyReused => {
+            count(EXTENSIONS, "rejected");
+            return Err(reply::key_reused().into());
+        }
+        ExtendOutcome::NotFound => {
+            count(EXTENSIONS, "not_found");
+            return Err(reply::reservation_not_found().into());
+        }
+    })
+}
+
+/// Voiding takes no body, `{}`, or `{"refund": false}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VoidReservationRequest {
+    /// Give the payment back with a SALE_VOIDED refund (default). False when
+    /// the money already went back, e.g. by a chargeback.
+    #[serde(default = "yes")]
+    pub refund: bool,
+}
+
+impl Default for VoidReservationRequest {
+    fn default() -> Self {
+        Self { refund: true }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Undo a sale, for a defaulting bidder or a chargeback.
+///
+/// COMMITTED becomes VOIDED and the asset AVAILABLE again; unless
+/// `{"refund": false}`, the payment is given back with a SALE_VOIDED refund.
+/// The payment_reference stays used. A later commit of this reservation
+/// answers 409 RESERVATION_NOT_ACTIVE (refunding a payment not yet
+/// refunded). Voiding a voided sale changes nothing. Events
+/// `reservation.voided` and `refund.requested`.
+#[utoipa::path(
+    tag = "reservations",
+    operation_id = "void_reservation",
+    params(
+        ("reservation_id" = String, Path, description = "res_ followed by a ULID", pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$"),
+        IdempotencyKeyParam,
+    ),
+    request_body(content = Option<VoidReservationRequest>, description = "Optional"),
+    responses(
+        (status = 200, description = "VOIDED, with its refund (or voided before, or a replay)", body = Reservation,
+         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with this key"))),
+    )
+)]
+#[post("/v1/reservations/{reservation_id}/void")]
+pub async fn void_reservation(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    caller: Caller,
+    key: IdempotencyKeyHeader,
+    path: web::Path<String>,
+    body: JsonBody<VoidReservationRequest, true>,
+) -> Result<HttpResponse, ApiError> {
+    let request = VoidRequest {
+        reservation_id: record_reservation(reservation_id(&path)?, &key),
+        refund: body.value.refund,
+        idempotency: caller.idempotency(key, &req, &body.canonical),
+    };
+    const VOIDS: &str = "holdfast_voids_total";
+    Ok(match state.store.void(&request).await? {
+        VoidOutcome::Voided(reply) => {
+            count(VOIDS, "voided");
+            tracing::info!(refund = request.refund, "sale voided; asset available");
+            respond(reply)
+        }
+        VoidOutcome::Replayed(reply) => replayed(VOIDS, reply),
+        VoidOutcome::AlreadyVoided(r) => {
+            count(VOIDS, "unchanged");
+            respond(reply::reservation_ok(&r))
+        }
+        VoidOutcome::NotActive(r) => {
+            count(VOIDS, "not_active");
+            respond(reply::reservation_not_active(&r).into_reply())
+        }
+        VoidOutcome::KeyReused => {
+            count(VOIDS, "rejected");
+            return Err(reply::key_reused().into());
+        }
+        VoidOutcome::NotFound => {
+            count(VOIDS, "not_found");
+            return Err(reply::reservation_not_found().into());
+        }
+    })
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListReservationsQuery {
+    /// Only this buyer's reservations.
+    pub buyer_id: Option<String>,
+    /// Only reservations of this asset.
+    pub asset_id: Option<String>,
+    /// Only reservations with this effective status.
+    #[param(value_type = Option<ReservationStatus>)]
+    pub status: Option<String>,
+    /// Page size, 1 to 500 (default 50).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
+    pub limit: Option<String>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// One page of reservations, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReservationList {
+    pub items: Vec<Reservation>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// List reservations, newest first (keyset paging), by buyer, asset and
+/// effective status. A storefront key sees the reservations it made.
+#[utoipa::path(
+    tag = "reservations",
+    operation_id = "list_reservations",
+    params(ListReservationsQuery),
+    responses(
+        (status = 200, description = "One page of reservations", body = ReservationList),
+    )
+)]
+#[get("/v1/reservations")]
+pub async fn list_reservations(
+    state: web::Data<AppState>,
+    caller: Caller,
+    query: web::Query<ListReservationsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    const LIMIT_DEFAULT: i64 = 50;
+    let mut v = Validator::default();
+    let buyer_id = v
+        .check(
+            "buyer_id",
+            query
+                .buyer_id
+                .as_deref()
+                .map(|b| BuyerId::parse(b).map(|b| b.as_str().to_owned()))
+                .transpose(),
+        )
+        .flatten();
+    let asset_id = v
+        .check(
+            "asset_id",
+            query
+                .asset_id
+                .as_deref()
+                .map(|a| AssetId::parse(a).map(|a| a.as_str().to_owned()))
+                .transpose(),
+        )
+        .flatten();
+    let status = v
+        .check(
+            "status",
+            query
+                .status
+                .as_deref()
+                .map(|s| {
+                    ReservationStatus::parse(s).ok_or_else(|| {
+                        let all: Vec<&str> =
+                            ReservationStatus::ALL.iter().map(|s| s.as_str()).collect();
+                        format!("must be one of {}", all.join(", "))
+                    })
+                })
+                .transpose(),
+        )
+        .flatten();
+    let limit = v
+        .check("limit", page_limit(query.limit.as_deref(), LIMIT_DEFAULT))
+        .unwrap_or(LIMIT_DEFAULT);
+    let before = v
+        .check(
+            "cursor",
+            query.cursor.as_deref().map(decode_cursor).transpose(),
+        )
+        .flatten();
+    v.finish()?;
+    let mut items = state
+        .store
+        .list_reservations(&ReservationPage {
+            buyer_id,
+            asset_id,
+            status,
+            owner: caller.owner_filter(),
+            before,
+            limit: limit + 1,
+        })
+        .await?;
+    let next_cursor = if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        items
+            .last()
+            .map(|r| URL_SAFE_NO_PAD.encode(&r.reservation_id))
+    } else {
+        None
+    };
+    Ok(respond(Reply::json(
+        200,
+        &ReservationList { items, next_cursor },
+    )))
+}
+
+fn decode_cursor(cursor: &str) -> Result<String, String> {
+    URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .filter(|id| ReservationId::parse(id).is_some())
+        .ok_or_else(|| "is not a cursor this service issued".to_owned())
 }
 
 /// Names the reservation and key in the request's span.

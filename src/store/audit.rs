@@ -90,8 +90,8 @@ pub(crate) const CHECKS: &[Check] = &[
     },
     Check {
         name: "payment_commits_once",
-        description: "No payment_reference is on two COMMITTED reservations.",
-        sql: "SELECT payment_reference AS example FROM reservations WHERE status = 'COMMITTED' \
+        description: "No payment_reference is on two COMMITTED or VOIDED reservations: a voided sale's payment stays used.",
+        sql: "SELECT payment_reference AS example FROM reservations WHERE status IN ('COMMITTED', 'VOIDED') \
               GROUP BY payment_reference HAVING count(*) > 1",
         postgres: None,
     },
@@ -101,8 +101,10 @@ pub(crate) const CHECKS: &[Check] = &[
         sql: concat!(
             "SELECT r.id AS example FROM reservations r WHERE r.created_at >= $1 AND (NOT ",
             has_event!("reservation.held"),
-            " OR (r.status = 'COMMITTED' AND NOT ",
+            " OR (r.status IN ('COMMITTED', 'VOIDED') AND NOT ",
             has_event!("reservation.committed"),
+            ") OR (r.status = 'VOIDED' AND NOT ",
+            has_event!("reservation.voided"),
             ") OR (r.status = 'RELEASED' AND NOT ",
             has_event!("reservation.released"),
             ") OR (r.status = 'EXPIRED' AND NOT ",
@@ -120,6 +122,23 @@ pub(crate) const CHECKS: &[Check] = &[
                 SELECT asset_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi FROM events GROUP BY asset_id \
               ) s ON s.asset_id = a.id \
               WHERE coalesce(s.hi, 0) <> a.last_event_sequence OR (s.n IS NOT NULL AND s.hi - s.lo + 1 <> s.n)",
+        postgres: None,
+    },
+    Check {
+        name: "voided_sales_are_over",
+        description: "No VOIDED reservation is its asset's current one, and no payment refunded for a sale still pays for it.",
+        sql: "SELECT r.id AS example FROM reservations r JOIN assets a ON a.current_reservation_id = r.id \
+              WHERE r.status = 'VOIDED' \
+              UNION ALL \
+              SELECT f.id FROM refunds f WHERE f.reason = 'SALE_VOIDED' AND NOT EXISTS ( \
+                SELECT 1 FROM reservations r WHERE r.id = f.reservation_id AND r.status = 'VOIDED')",
+        postgres: None,
+    },
+    Check {
+        name: "withdrawn_assets_are_free",
+        description: "A WITHDRAWN asset has no HELD reservation.",
+        sql: "SELECT a.id AS example FROM assets a WHERE a.status = 'WITHDRAWN' AND EXISTS ( \
+                SELECT 1 FROM reservations r WHERE r.asset_id = a.id AND r.status = 'HELD')",
         postgres: None,
     },
     Check {

@@ -9,14 +9,14 @@ use chrono::Duration;
 
 use super::error::{is_unique_violation, violated_constraint};
 use super::{
-    CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, HoldOutcome,
-    HoldRequest, Idempotency, ReleaseOutcome, ReleaseRequest, StoreError, StoreResult,
-    StoredAnswer, SweepReport,
+    CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, ExtendOutcome,
+    ExtendRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome, ReleaseRequest,
+    StoreError, StoreResult, StoredAnswer, SweepReport, VoidOutcome, VoidRequest,
 };
 use crate::domain::{
-    commit_decision, hold_decision, release_decision, AssetId, CommitDecision, EventId,
-    HoldDecision, HoldTarget, PaymentReference, Refund, RefundId, RefundReason, RefundStatus,
-    ReleaseDecision, Reservation, ReservationId, ReservationStatus, Timestamp,
+    commit_decision, extension_allowed, hold_decision, release_decision, AssetId, CommitDecision,
+    EventId, HoldDecision, HoldTarget, PaymentReference, Refund, RefundId, RefundReason,
+    RefundStatus, ReleaseDecision, Reservation, ReservationId, ReservationStatus, Timestamp,
 };
 use crate::reply::{self, Reply};
 
@@ -133,6 +133,37 @@ pub(crate) trait Backend {
     /// Deletes up to `limit` stored answers past retention; how many.
     fn purge_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 
+    /// Moves a live hold's expiry to `hold_seconds` from the write's own
+    /// clock, within `max_total_seconds` of its creation. `None` when it was
+    /// no longer live, or the cap was passed.
+    fn extend(
+        &self,
+        reservation: &Reservation,
+        hold_seconds: i64,
+        max_total_seconds: i64,
+        idempotency: &Idempotency,
+    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
+
+    /// Undoes a sale: COMMITTED becomes VOIDED, the asset AVAILABLE, and
+    /// with `refund` the payment is given back. `None` when it was no
+    /// longer the asset's sale.
+    fn void(
+        &self,
+        reservation: &Reservation,
+        refund: bool,
+        idempotency: &Idempotency,
+    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
+
+    /// Sells the asset to a lapsed hold when nobody held or bought it since
+    /// and this payment was never refunded: one conditional update. `None`
+    /// otherwise.
+    fn commit_late(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentReference,
+        idempotency: &Idempotency,
+    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
+
     /// Ends a hold still live at the write's own clock. `None` when it was
     /// no longer live.
     fn release(
@@ -219,6 +250,7 @@ pub(crate) async fn commit<B: Backend>(
     req: &CommitRequest,
 ) -> StoreResult<CommitOutcome> {
     let mut refunded_before = false;
+    let mut late_refused = !req.accept_late;
     for _ in 0..MAX_ATTEMPTS {
         let snap = backend
             .reservation_snapshot(&req.reservation_id, &req.idempotency)
@@ -260,6 +292,25 @@ pub(crate) async fn commit<B: Backend>(
             CommitDecision::AlreadyCommittedWithThisPayment => {
                 let current = reload(backend, &req.reservation_id, snap.now).await?;
                 return Ok(CommitOutcome::AlreadyCommitted(current));
+            }
+            CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
+                match backend
+                    .commit_late(&reservation, payment, &req.idempotency)
+                    .await
+                {
+                    Ok(Some(reply)) => return Ok(CommitOutcome::Committed(reply)),
+                    // Taken meanwhile: the payment is refunded below.
+                    Ok(None) => late_refused = true,
+                    Err(e)
+                        if violated_constraint(&e)
+                            .is_some_and(|c| c.contains("payment_reference")) =>
+                    {
+                        let current = reload(backend, &req.reservation_id, snap.now).await?;
+                        return Ok(CommitOutcome::PaymentReferenceUsed(current));
+                    }
+                    Err(e) if is_unique_violation(&e) => {}
+                    Err(e) => return Err(e),
+                }
             }
             CommitDecision::Refuse(reason) if !refunded_before => {
                 match backend
@@ -340,6 +391,94 @@ pub(crate) async fn release<B: Backend>(
         }
     }
     Err(contention("release the reservation"))
+}
+
+pub(crate) async fn extend<B: Backend>(
+    backend: &B,
+    req: &ExtendRequest,
+) -> StoreResult<ExtendOutcome> {
+    for _ in 0..MAX_ATTEMPTS {
+        let snap = backend
+            .reservation_snapshot(&req.reservation_id, &req.idempotency)
+            .await?;
+        if let Some(stored) = snap.stored {
+            return Ok(match replay_or_reused(stored, &req.idempotency) {
+                Ok(reply) => ExtendOutcome::Replayed(reply),
+                Err(()) => ExtendOutcome::KeyReused,
+            });
+        }
+        let Some(stored) = snap
+            .row
+            .filter(|r| req.visible_to.as_ref().is_none_or(|o| &r.owner == o))
+        else {
+            return Ok(ExtendOutcome::NotFound);
+        };
+        let reservation = stored.effective(snap.now);
+        if reservation.status != ReservationStatus::Held {
+            let current = reload(backend, &req.reservation_id, snap.now).await?;
+            return Ok(ExtendOutcome::NotActive(current));
+        }
+        let until = snap.now + Duration::seconds(req.hold_seconds);
+        if !extension_allowed(reservation.created_at, until, req.max_total_seconds) {
+            let current = reload(backend, &req.reservation_id, snap.now).await?;
+            return Ok(ExtendOutcome::LimitReached(current));
+        }
+        match backend
+            .extend(
+                &reservation,
+                req.hold_seconds,
+                req.max_total_seconds,
+                &req.idempotency,
+            )
+            .await
+        {
+            Ok(Some(reply)) => return Ok(ExtendOutcome::Extended(reply)),
+            Ok(None) => continue,
+            Err(e) if is_unique_violation(&e) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(contention("extend the hold"))
+}
+
+pub(crate) async fn void<B: Backend>(backend: &B, req: &VoidRequest) -> StoreResult<VoidOutcome> {
+    for _ in 0..MAX_ATTEMPTS {
+        let snap = backend
+            .reservation_snapshot(&req.reservation_id, &req.idempotency)
+            .await?;
+        if let Some(stored) = snap.stored {
+            return Ok(match replay_or_reused(stored, &req.idempotency) {
+                Ok(reply) => VoidOutcome::Replayed(reply),
+                Err(()) => VoidOutcome::KeyReused,
+            });
+        }
+        let Some(stored) = snap.row else {
+            return Ok(VoidOutcome::NotFound);
+        };
+        let reservation = stored.effective(snap.now);
+        match reservation.status {
+            ReservationStatus::Committed => {
+                match backend
+                    .void(&reservation, req.refund, &req.idempotency)
+                    .await
+                {
+                    Ok(Some(reply)) => return Ok(VoidOutcome::Voided(reply)),
+                    Ok(None) => continue,
+                    Err(e) if is_unique_violation(&e) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            ReservationStatus::Voided => {
+                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                return Ok(VoidOutcome::AlreadyVoided(current));
+            }
+            _ => {
+                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                return Ok(VoidOutcome::NotActive(current));
+            }
+        }
+    }
+    Err(contention("void the sale"))
 }
 
 async fn reload<B: Backend>(

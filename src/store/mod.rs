@@ -18,7 +18,7 @@ pub use error::StoreError;
 use crate::config::{Config, DatabaseUrl};
 use crate::domain::{
     Asset, AssetId, AssetStatus, BuyerId, Event, EventId, IdempotencyKey, PaymentReference, Refund,
-    RefundId, RefundReason, RefundStatus, Reservation, ReservationId, Timestamp,
+    RefundId, RefundReason, RefundStatus, Reservation, ReservationId, ReservationStatus, Timestamp,
 };
 use crate::reply::Reply;
 
@@ -100,6 +100,65 @@ pub struct CommitRequest {
     pub reservation_id: ReservationId,
     pub payment_reference: PaymentReference,
     pub idempotency: Idempotency,
+    /// After the hold lapsed, still sell when nobody held or bought the
+    /// asset since (HOLDFAST_LATE_COMMIT=accept-if-free).
+    pub accept_late: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExtendRequest {
+    pub reservation_id: ReservationId,
+    pub hold_seconds: i64,
+    /// No hold may last longer than this from its creation.
+    pub max_total_seconds: i64,
+    pub idempotency: Idempotency,
+    /// Only reservations of this owner exist for the caller; `None` sees all.
+    pub visible_to: Option<String>,
+}
+
+#[derive(Debug)]
+pub enum ExtendOutcome {
+    Extended(Reply),
+    /// Not a live hold: nothing changed.
+    NotActive(Reservation),
+    /// The hold would outlive its cap: nothing changed.
+    LimitReached(Reservation),
+    Replayed(Reply),
+    KeyReused,
+    NotFound,
+}
+
+#[derive(Debug, Clone)]
+pub struct VoidRequest {
+    pub reservation_id: ReservationId,
+    /// Give the payment back (a SALE_VOIDED refund); false after a chargeback.
+    pub refund: bool,
+    pub idempotency: Idempotency,
+}
+
+#[derive(Debug)]
+pub enum VoidOutcome {
+    Voided(Reply),
+    /// Voided before: nothing changed.
+    AlreadyVoided(Reservation),
+    /// Not a sale: nothing changed.
+    NotActive(Reservation),
+    Replayed(Reply),
+    KeyReused,
+    NotFound,
+}
+
+/// Filter and position of one page of reservations, newest first.
+#[derive(Debug, Clone)]
+pub struct ReservationPage {
+    pub buyer_id: Option<String>,
+    pub asset_id: Option<String>,
+    pub status: Option<ReservationStatus>,
+    /// Only this client's reservations; `None` for all.
+    pub owner: Option<String>,
+    /// Only reservations whose id sorts before this one.
+    pub before: Option<String>,
+    pub limit: i64,
 }
 
 #[derive(Debug)]
@@ -369,6 +428,18 @@ impl Store {
 
     pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<ReleaseOutcome> {
         bounded!(self, "release the reservation", s => flow::release(s, req))
+    }
+
+    pub async fn extend(&self, req: &ExtendRequest) -> StoreResult<ExtendOutcome> {
+        bounded!(self, "extend the hold", s => flow::extend(s, req))
+    }
+
+    pub async fn void(&self, req: &VoidRequest) -> StoreResult<VoidOutcome> {
+        bounded!(self, "void the sale", s => flow::void(s, req))
+    }
+
+    pub async fn list_reservations(&self, page: &ReservationPage) -> StoreResult<Vec<Reservation>> {
+        bounded!(self, "list reservations", s => s.list_reservations(page))
     }
 
     pub async fn complete_refund(

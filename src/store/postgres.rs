@@ -23,14 +23,14 @@ use super::coalesce::Coalescer;
 use super::error::{Abort, Context};
 use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
-    parse_reservation_id, Claimed, ClaimedRow, EventRow, FeedRow, HoldSnapshotRow, KeySnapshotRow,
-    NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow, TransitionRow,
-    EVENT_COLUMNS,
+    parse_reservation_id, reservation_page_query, with_refunds, Claimed, ClaimedRow, EventRow,
+    FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow,
+    ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
 };
 use super::schema::{assets, events, refunds, reservations};
 use super::{
     AssetPage, Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, RefundPage,
-    ReinstateOutcome, StoreError, StoreResult, StoreSettings, WithdrawOutcome,
+    ReinstateOutcome, ReservationPage, StoreError, StoreResult, StoreSettings, WithdrawOutcome,
 };
 use crate::domain::{
     withdraw_decision, Asset, AssetId, AssetStatus, Event, EventId, EventType, HoldTarget,
@@ -424,6 +424,26 @@ impl PgStore {
         let now = db_now(&mut conn).await?;
         load_reservation(&mut conn, id, now).await
     }
+
+    /// One page of reservations, newest first, with their refunds.
+    pub async fn list_reservations(&self, page: &ReservationPage) -> StoreResult<Vec<Reservation>> {
+        let mut conn = self.conn().await?;
+        let now = db_now(&mut conn).await?;
+        let query = reservation_page_query!(reservations::table.into_boxed::<Pg>(), page, now);
+        let rows = query
+            .load::<ReservationRow>(&mut conn)
+            .await
+            .context("list reservations")?;
+        let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        let refund_rows = refunds::table
+            .filter(refunds::reservation_id.eq_any(&ids))
+            .order((refunds::created_at.asc(), refunds::id.asc()))
+            .select(RefundRow::as_select())
+            .load::<RefundRow>(&mut conn)
+            .await
+            .context("read the reservations' refunds")?;
+        with_refunds(rows, refund_rows, now)
+    }
 }
 
 /// Delivery of events, the event feed and refunds.
@@ -786,22 +806,7 @@ impl Backend for PgStore {
                 expire_lapsed(c, Some(&reservation.asset_id), now, 1).await?;
                 let sequence = next_sequence(c, &reservation.asset_id).await?;
                 let refund = Refund::requested(reservation, payment.as_str(), reason, now);
-                let inserted = sql_query(
-                    "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                     ON CONFLICT (reservation_id, payment_reference) DO NOTHING",
-                )
-                .bind::<Text, _>(&refund.refund_id)
-                .bind::<Text, _>(&refund.reservation_id)
-                .bind::<Text, _>(&refund.asset_id)
-                .bind::<Text, _>(&refund.payment_reference)
-                .bind::<Text, _>(reason.as_str())
-                .bind::<Text, _>(refund.status.as_str())
-                .bind::<Timestamptz, _>(now)
-                .execute(c)
-                .await
-                .context("record a refund")?;
-                if inserted == 0 {
+                if !insert_refund(c, &refund).await? {
                     return Err(Abort::Retry);
                 }
                 let id = parse_reservation_id(&reservation.reservation_id)?;
@@ -831,6 +836,188 @@ impl Backend for PgStore {
         let mut conn = self.conn().await?;
         finish_transition(&mut conn, reservation, idempotency, Transition::Release).await
     }
+
+    async fn extend(
+        &self,
+        reservation: &Reservation,
+        hold_seconds: i64,
+        max_total_seconds: i64,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Option<Reply>> {
+        let mut conn = self.conn().await?;
+        let result = conn
+            .transaction(async |c| {
+                let row = sql_query(
+                    "WITH a AS ( \
+                       UPDATE assets SET hold_expires_at = now() + make_interval(secs => $3), \
+                              version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now() \
+                       WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > now() \
+                         AND now() + make_interval(secs => $3) <= \
+                             (SELECT created_at FROM reservations WHERE id = $1) + make_interval(secs => $4) \
+                       RETURNING last_event_sequence, hold_expires_at) \
+                     UPDATE reservations SET expires_at = (SELECT hold_expires_at FROM a) \
+                     WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a) \
+                     RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
+                )
+                .bind::<Text, _>(&reservation.reservation_id)
+                .bind::<Text, _>(&reservation.asset_id)
+                .bind::<Double, _>(hold_seconds as f64)
+                .bind::<Double, _>(max_total_seconds as f64)
+                .get_result::<TransitionRow>(c)
+                .await
+                .optional()
+                .context("extend the hold")?;
+                let Some(row) = row else {
+                    return Err(Abort::Retry);
+                };
+                let updated = row.reservation.into_reservation()?;
+                let now = updated.expires_at - chrono::Duration::seconds(hold_seconds);
+                let reply = reply::reservation_ok(&updated);
+                let event = NewEvent::new(
+                    &updated.asset_id,
+                    row.event_sequence,
+                    EventType::ReservationExtended,
+                    reply.body.clone(),
+                    now,
+                );
+                record(c, &event, idempotency, &reply, &updated.reservation_id, now).await?;
+                Ok(reply)
+            })
+            .await;
+        Abort::settle(result.map(Some), None)
+    }
+
+    async fn void(
+        &self,
+        reservation: &Reservation,
+        refund: bool,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Option<Reply>> {
+        let mut conn = self.conn().await?;
+        let result = conn
+            .transaction(async |c| {
+                let row = sql_query(
+                    "WITH a AS ( \
+                       UPDATE assets SET status = 'AVAILABLE', current_reservation_id = NULL, hold_expires_at = NULL, \
+                              version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now() \
+                       WHERE id = $2 AND status = 'SOLD' AND current_reservation_id = $1 \
+                       RETURNING last_event_sequence) \
+                     UPDATE reservations SET status = 'VOIDED', voided_at = now() \
+                     WHERE id = $1 AND status = 'COMMITTED' AND EXISTS (SELECT 1 FROM a) \
+                     RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
+                )
+                .bind::<Text, _>(&reservation.reservation_id)
+                .bind::<Text, _>(&reservation.asset_id)
+                .get_result::<TransitionRow>(c)
+                .await
+                .optional()
+                .context("void the sale")?;
+                let Some(row) = row else {
+                    return Err(Abort::Retry);
+                };
+                let voided = row.reservation.into_reservation()?;
+                let now = voided.voided_at.unwrap_or(voided.created_at);
+                let data = reply::reservation_ok(&voided).body;
+                insert_event(
+                    c,
+                    &NewEvent::new(&voided.asset_id, row.event_sequence, EventType::ReservationVoided, data, now),
+                )
+                .await?;
+                if let (true, Some(payment)) = (refund, voided.payment_reference.as_deref()) {
+                    let refund = Refund::requested(&voided, payment, RefundReason::SaleVoided, now);
+                    if insert_refund(c, &refund).await? {
+                        let sequence = next_sequence(c, &voided.asset_id).await?;
+                        let data = serde_json::to_string(&refund).unwrap_or_default();
+                        insert_event(
+                            c,
+                            &NewEvent::new(&voided.asset_id, sequence, EventType::RefundRequested, data, now),
+                        )
+                        .await?;
+                    }
+                }
+                let id = parse_reservation_id(&voided.reservation_id)?;
+                let current = load_reservation(c, &id, now)
+                    .await?
+                    .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))?;
+                let reply = reply::reservation_ok(&current);
+                store_answer(c, idempotency, &reply, &current.reservation_id, now).await?;
+                Ok(reply)
+            })
+            .await;
+        Abort::settle(result.map(Some), None)
+    }
+
+    async fn commit_late(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentReference,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Option<Reply>> {
+        let mut conn = self.conn().await?;
+        let result = conn
+            .transaction(async |c| {
+                let now = db_now(c).await?;
+                // The lapsed hold, if nobody swept it yet, expires first.
+                expire_lapsed(c, Some(&reservation.asset_id), now, 1).await?;
+                let row = sql_query(
+                    "WITH a AS ( \
+                       UPDATE assets SET status = 'SOLD', current_reservation_id = $1, hold_expires_at = NULL, \
+                              version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now() \
+                       WHERE id = $2 AND status = 'AVAILABLE' \
+                         AND NOT EXISTS (SELECT 1 FROM reservations o WHERE o.asset_id = $2 AND o.id <> $1 \
+                               AND o.created_at >= (SELECT created_at FROM reservations WHERE id = $1)) \
+                         AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.reservation_id = $1 AND f.payment_reference = $3) \
+                       RETURNING last_event_sequence) \
+                     UPDATE reservations SET status = 'COMMITTED', committed_at = now(), payment_reference = $3 \
+                     WHERE id = $1 AND status = 'EXPIRED' AND EXISTS (SELECT 1 FROM a) \
+                     RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
+                )
+                .bind::<Text, _>(&reservation.reservation_id)
+                .bind::<Text, _>(&reservation.asset_id)
+                .bind::<Text, _>(payment.as_str())
+                .get_result::<TransitionRow>(c)
+                .await
+                .optional()
+                .context("sell to a late payment")?;
+                let Some(row) = row else {
+                    return Err(Abort::Retry);
+                };
+                let updated = row.reservation.into_reservation()?;
+                let reply = reply::reservation_ok(&updated);
+                let event = NewEvent::new(
+                    &updated.asset_id,
+                    row.event_sequence,
+                    EventType::ReservationCommitted,
+                    reply.body.clone(),
+                    now,
+                );
+                record(c, &event, idempotency, &reply, &updated.reservation_id, now).await?;
+                Ok(reply)
+            })
+            .await;
+        Abort::settle(result.map(Some), None)
+    }
+}
+
+/// Records a refund unless this payment of this reservation has one; whether
+/// it was new.
+async fn insert_refund(conn: &mut AsyncPgConnection, refund: &Refund) -> StoreResult<bool> {
+    let inserted = sql_query(
+        "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) \
+         ON CONFLICT (reservation_id, payment_reference) DO NOTHING",
+    )
+    .bind::<Text, _>(&refund.refund_id)
+    .bind::<Text, _>(&refund.reservation_id)
+    .bind::<Text, _>(&refund.asset_id)
+    .bind::<Text, _>(&refund.payment_reference)
+    .bind::<Text, _>(refund.reason.as_str())
+    .bind::<Text, _>(refund.status.as_str())
+    .bind::<Timestamptz, _>(refund.created_at)
+    .execute(conn)
+    .await
+    .context("record a refund")?;
+    Ok(inserted > 0)
 }
 
 enum Transition<'a> {
@@ -1118,6 +1305,17 @@ async fn record(
     now: Timestamp,
 ) -> StoreResult<()> {
     insert_event(conn, event).await?;
+    store_answer(conn, idempotency, reply, reservation_id, now).await
+}
+
+/// Writes the answer stored under the request's key.
+async fn store_answer(
+    conn: &mut AsyncPgConnection,
+    idempotency: &Idempotency,
+    reply: &Reply,
+    reservation_id: &str,
+    now: Timestamp,
+) -> StoreResult<()> {
     Prepared(
         sql_query(
             "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at) \

@@ -11,6 +11,77 @@ use crate::domain::{
     Reservation, ReservationId, ReservationStatus, Timestamp,
 };
 
+/// The reservations of a page with their refunds, by effective status at `now`.
+pub(crate) fn with_refunds(
+    rows: Vec<ReservationRow>,
+    refund_rows: Vec<RefundRow>,
+    now: Timestamp,
+) -> StoreResult<Vec<Reservation>> {
+    let mut refunds = refund_rows
+        .into_iter()
+        .map(RefundRow::into_refund)
+        .collect::<StoreResult<Vec<_>>>()?;
+    rows.into_iter()
+        .map(|row| {
+            let mut reservation = row.into_reservation()?;
+            let (mine, rest) = refunds
+                .drain(..)
+                .partition(|r: &Refund| r.reservation_id == reservation.reservation_id);
+            refunds = rest;
+            reservation.refunds = mine;
+            Ok(reservation.effective(now))
+        })
+        .collect()
+}
+
+/// The filtered, newest-first query of a [`super::ReservationPage`] on a
+/// boxed `reservations` query of either backend, by effective status at `now`.
+macro_rules! reservation_page_query {
+    ($boxed:expr, $page:expr, $now:expr) => {{
+        use $crate::domain::ReservationStatus;
+        use $crate::store::schema::{reservations as r, At, Instant};
+        let mut query = $boxed
+            .select(ReservationRow::as_select())
+            .order(r::id.desc())
+            .limit($page.limit);
+        if let Some(buyer) = &$page.buyer_id {
+            query = query.filter(r::buyer_id.eq(buyer.clone()));
+        }
+        if let Some(asset) = &$page.asset_id {
+            query = query.filter(r::asset_id.eq(asset.clone()));
+        }
+        if let Some(owner) = &$page.owner {
+            query = query.filter(r::owner.eq(owner.clone()));
+        }
+        if let Some(before) = &$page.before {
+            query = query.filter(r::id.lt(before.clone()));
+        }
+        match $page.status {
+            Some(ReservationStatus::Held) => {
+                query = query.filter(
+                    diesel::dsl::sql::<diesel::sql_types::Bool>(
+                        "status = 'HELD' AND expires_at > ",
+                    )
+                    .bind::<Instant, _>(At($now)),
+                );
+            }
+            Some(ReservationStatus::Expired) => {
+                query = query.filter(
+                    diesel::dsl::sql::<diesel::sql_types::Bool>(
+                        "(status = 'EXPIRED' OR (status = 'HELD' AND expires_at <= ",
+                    )
+                    .bind::<Instant, _>(At($now))
+                    .sql("))"),
+                );
+            }
+            Some(other) => query = query.filter(r::status.eq(other.as_str())),
+            None => {}
+        }
+        query
+    }};
+}
+pub(crate) use reservation_page_query;
+
 pub(crate) fn parse_status<T>(parse: fn(&str) -> Option<T>, text: &str) -> StoreResult<T> {
     parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown status {text:?}")))
 }

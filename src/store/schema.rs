@@ -146,3 +146,20 @@ diesel::allow_tables_to_appear_in_same_query!(
     events,
     idempotency_keys
 );
+
+/// An instant bound into a query built with diesel's DSL.
+#[derive(Debug, Clone, Copy, diesel::expression::AsExpression)]
+#[diesel(sql_type = Instant)]
+pub struct At(pub Timestamp);
+
+impl ToSql<Instant, Pg> for At {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Pg>) -> serialize::Result {
+        <Timestamp as ToSql<Instant, Pg>>::to_sql(&self.0, out)
+    }
+}
+
+impl ToSql<Instant, Sqlite> for At {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Sqlite>) -> serialize::Result {
+        <Timestamp as ToSql<Instant, Sqlite>>::to_sql(&self.0, out)
+    }
+}

@@ -19,18 +19,19 @@ use super::audit::{self, Finding, CHECKS};
 use super::error::{Abort, Context};
 use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
 use super::rows::{
-    parse_reservation_id, ClaimedRow, Count, EventRow, FeedRow, HoldSnapshotRow, KeySnapshotRow,
-    NewEvent, NowAssetRow, RefundRow, ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
+    parse_reservation_id, reservation_page_query, with_refunds, ClaimedRow, Count, EventRow,
+    FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow,
+    ReservationSnapshotRow, EVENT_COLUMNS,
 };
 use super::schema::{assets, events, refunds, reservations, Instant};
 use super::{
     AssetPage, Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, RefundPage,
-    ReinstateOutcome, StoreError, StoreResult, StoreSettings, WithdrawOutcome,
+    ReinstateOutcome, ReservationPage, StoreError, StoreResult, StoreSettings, WithdrawOutcome,
 };
 use crate::domain::{
-    withdraw_decision, Asset, AssetId, AssetStatus, Event, EventId, EventType, HoldTarget,
-    PaymentReference, Refund, RefundId, RefundReason, Reservation, ReservationId, Timestamp,
-    WithdrawDecision,
+    extension_allowed, withdraw_decision, Asset, AssetId, AssetStatus, Event, EventId, EventType,
+    HoldTarget, PaymentReference, Refund, RefundId, RefundReason, Reservation, ReservationId,
+    Timestamp, WithdrawDecision,
 };
 use crate::reply::{self, Reply};
 
@@ -418,6 +419,31 @@ impl SqliteStore {
         let id = *id;
         self.read("read a reservation", move |c| {
             load_reservation(c, &id, clock())
+        })
+        .await
+    }
+
+    /// One page of reservations, newest first, with their refunds.
+    pub async fn list_reservations(&self, page: &ReservationPage) -> StoreResult<Vec<Reservation>> {
+        let page = page.clone();
+        self.read("list reservations", move |c| {
+            let now = clock();
+            let query = reservation_page_query!(
+                reservations::table.into_boxed::<diesel::sqlite::Sqlite>(),
+                page,
+                now
+            );
+            let rows = query
+                .load::<ReservationRow>(c)
+                .context("list reservations")?;
+            let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+            let refund_rows = refunds::table
+                .filter(refunds::reservation_id.eq_any(&ids))
+                .order((refunds::created_at.asc(), refunds::id.asc()))
+                .select(RefundRow::as_select())
+                .load::<RefundRow>(c)
+                .context("read the reservations' refunds")?;
+            with_refunds(rows, refund_rows, now)
         })
         .await
     }
@@ -877,21 +903,7 @@ impl Backend for SqliteStore {
                 expire_lapsed(c, Some(&reservation.asset_id), now, 1)?;
                 let sequence = next_sequence(c, &reservation.asset_id)?;
                 let refund = Refund::requested(&reservation, &payment, reason, now);
-                let inserted = sql_query(
-                    "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at) \
-                     VALUES (?, ?, ?, ?, ?, ?, ?) \
-                     ON CONFLICT (reservation_id, payment_reference) DO NOTHING",
-                )
-                .bind::<Text, _>(&refund.refund_id)
-                .bind::<Text, _>(&refund.reservation_id)
-                .bind::<Text, _>(&refund.asset_id)
-                .bind::<Text, _>(&refund.payment_reference)
-                .bind::<Text, _>(reason.as_str())
-                .bind::<Text, _>(refund.status.as_str())
-                .bind::<Instant, _>(now)
-                .execute(c)
-                .context("record a refund")?;
-                if inserted == 0 {
+                if !insert_refund(c, &refund)? {
                     return Err(Abort::Retry);
                 }
                 let id = parse_reservation_id(&reservation.reservation_id)?;
@@ -899,7 +911,13 @@ impl Backend for SqliteStore {
                     .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))?;
                 let reply = reply::commit_refused(reason, &current, &refund).into_reply();
                 let data = serde_json::to_string(&refund).unwrap_or_default();
-                let event = NewEvent::new(&refund.asset_id, sequence, EventType::RefundRequested, data, now);
+                let event = NewEvent::new(
+                    &refund.asset_id,
+                    sequence,
+                    EventType::RefundRequested,
+                    data,
+                    now,
+                );
                 record(c, &event, &idempotency, &reply, &refund.reservation_id, now)?;
                 Ok(reply)
             })
@@ -914,6 +932,212 @@ impl Backend for SqliteStore {
     ) -> StoreResult<Option<Reply>> {
         self.finish_transition(reservation, idempotency, None).await
     }
+
+    async fn extend(
+        &self,
+        reservation: &Reservation,
+        hold_seconds: i64,
+        max_total_seconds: i64,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Option<Reply>> {
+        let (id, asset, created_at) = (
+            reservation.reservation_id.clone(),
+            reservation.asset_id.clone(),
+            reservation.created_at,
+        );
+        let idempotency = idempotency.clone();
+        let result = self
+            .write("extend the hold", move |c| {
+                // Judged at the write's own clock, after any wait for the writer.
+                let now = clock();
+                let until = now + chrono::Duration::seconds(hold_seconds);
+                if !extension_allowed(created_at, until, max_total_seconds) {
+                    return Err(Abort::Retry);
+                }
+                let sequence = sql_query(
+                    "UPDATE assets SET hold_expires_at = ?1, version = version + 1, \
+                            last_event_sequence = last_event_sequence + 1, updated_at = ?2 \
+                     WHERE id = ?3 AND status = 'HELD' AND current_reservation_id = ?4 AND hold_expires_at > ?2 \
+                     RETURNING last_event_sequence",
+                )
+                .bind::<Instant, _>(until)
+                .bind::<Instant, _>(now)
+                .bind::<Text, _>(&asset)
+                .bind::<Text, _>(&id)
+                .get_result::<Sequence>(c)
+                .optional()
+                .context("extend the hold")?;
+                let Some(sequence) = sequence else {
+                    return Err(Abort::Retry);
+                };
+                let updated = sql_query(
+                    "UPDATE reservations SET expires_at = ? WHERE id = ? AND status = 'HELD' RETURNING *",
+                )
+                .bind::<Instant, _>(until)
+                .bind::<Text, _>(&id)
+                .get_result::<ReservationRow>(c)
+                .context("extend the reservation")?
+                .into_reservation()?;
+                let reply = reply::reservation_ok(&updated);
+                let event = NewEvent::new(
+                    &asset,
+                    sequence.last_event_sequence,
+                    EventType::ReservationExtended,
+                    reply.body.clone(),
+                    now,
+                );
+                record(c, &event, &idempotency, &reply, &id, now)?;
+                Ok(reply)
+            })
+            .await?;
+        Abort::settle(result.map(Some), None)
+    }
+
+    async fn void(
+        &self,
+        reservation: &Reservation,
+        refund: bool,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Option<Reply>> {
+        let (id, asset) = (
+            reservation.reservation_id.clone(),
+            reservation.asset_id.clone(),
+        );
+        let idempotency = idempotency.clone();
+        let result = self
+            .write("void the sale", move |c| {
+                let now = clock();
+                let sequence = sql_query(
+                    "UPDATE assets SET status = 'AVAILABLE', current_reservation_id = NULL, hold_expires_at = NULL, \
+                            version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ?1 \
+                     WHERE id = ?2 AND status = 'SOLD' AND current_reservation_id = ?3 \
+                     RETURNING last_event_sequence",
+                )
+                .bind::<Instant, _>(now)
+                .bind::<Text, _>(&asset)
+                .bind::<Text, _>(&id)
+                .get_result::<Sequence>(c)
+                .optional()
+                .context("void the sale")?;
+                let Some(sequence) = sequence else {
+                    return Err(Abort::Retry);
+                };
+                let voided = sql_query(
+                    "UPDATE reservations SET status = 'VOIDED', voided_at = ? \
+                     WHERE id = ? AND status = 'COMMITTED' RETURNING *",
+                )
+                .bind::<Instant, _>(now)
+                .bind::<Text, _>(&id)
+                .get_result::<ReservationRow>(c)
+                .context("void the reservation")?
+                .into_reservation()?;
+                let data = reply::reservation_ok(&voided).body;
+                insert_event(
+                    c,
+                    &NewEvent::new(&asset, sequence.last_event_sequence, EventType::ReservationVoided, data, now),
+                )?;
+                if let (true, Some(payment)) = (refund, voided.payment_reference.as_deref()) {
+                    let refund = Refund::requested(&voided, payment, RefundReason::SaleVoided, now);
+                    if insert_refund(c, &refund)? {
+                        let sequence = next_sequence(c, &asset)?;
+                        let data = serde_json::to_string(&refund).unwrap_or_default();
+                        insert_event(
+                            c,
+                            &NewEvent::new(&asset, sequence, EventType::RefundRequested, data, now),
+                        )?;
+                    }
+                }
+                let rid = parse_reservation_id(&id)?;
+                let current = load_reservation(c, &rid, now)?
+                    .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))?;
+                let reply = reply::reservation_ok(&current);
+                store_answer(c, &idempotency, &reply, &id, now)?;
+                Ok(reply)
+            })
+            .await?;
+        Abort::settle(result.map(Some), None)
+    }
+
+    async fn commit_late(
+        &self,
+        reservation: &Reservation,
+        payment: &PaymentReference,
+        idempotency: &Idempotency,
+    ) -> StoreResult<Option<Reply>> {
+        let (id, asset) = (
+            reservation.reservation_id.clone(),
+            reservation.asset_id.clone(),
+        );
+        let (payment, idempotency) = (payment.to_string(), idempotency.clone());
+        let result = self
+            .write("sell to a late payment", move |c| {
+                let now = clock();
+                // The lapsed hold, if nobody swept it yet, expires first.
+                expire_lapsed(c, Some(&asset), now, 1)?;
+                let sequence = sql_query(
+                    "UPDATE assets SET status = 'SOLD', current_reservation_id = ?1, hold_expires_at = NULL, \
+                            version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ?2 \
+                     WHERE id = ?3 AND status = 'AVAILABLE' \
+                       AND NOT EXISTS (SELECT 1 FROM reservations o WHERE o.asset_id = ?3 AND o.id <> ?1 \
+                             AND o.created_at >= (SELECT created_at FROM reservations WHERE id = ?1)) \
+                       AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.reservation_id = ?1 AND f.payment_reference = ?4) \
+                       AND EXISTS (SELECT 1 FROM reservations r WHERE r.id = ?1 AND r.status = 'EXPIRED') \
+                     RETURNING last_event_sequence",
+                )
+                .bind::<Text, _>(&id)
+                .bind::<Instant, _>(now)
+                .bind::<Text, _>(&asset)
+                .bind::<Text, _>(&payment)
+                .get_result::<Sequence>(c)
+                .optional()
+                .context("sell to a late payment")?;
+                let Some(sequence) = sequence else {
+                    return Err(Abort::Retry);
+                };
+                let updated = sql_query(
+                    "UPDATE reservations SET status = 'COMMITTED', committed_at = ?, payment_reference = ? \
+                     WHERE id = ? AND status = 'EXPIRED' RETURNING *",
+                )
+                .bind::<Instant, _>(now)
+                .bind::<Text, _>(&payment)
+                .bind::<Text, _>(&id)
+                .get_result::<ReservationRow>(c)
+                .context("commit the reservation")?
+                .into_reservation()?;
+                let reply = reply::reservation_ok(&updated);
+                let event = NewEvent::new(
+                    &asset,
+                    sequence.last_event_sequence,
+                    EventType::ReservationCommitted,
+                    reply.body.clone(),
+                    now,
+                );
+                record(c, &event, &idempotency, &reply, &id, now)?;
+                Ok(reply)
+            })
+            .await?;
+        Abort::settle(result.map(Some), None)
+    }
+}
+
+/// Records a refund unless this payment of this reservation has one; whether
+/// it was new.
+fn insert_refund(conn: &mut SqliteConnection, refund: &Refund) -> StoreResult<bool> {
+    let inserted = sql_query(
+        "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?) \
+         ON CONFLICT (reservation_id, payment_reference) DO NOTHING",
+    )
+    .bind::<Text, _>(&refund.refund_id)
+    .bind::<Text, _>(&refund.reservation_id)
+    .bind::<Text, _>(&refund.asset_id)
+    .bind::<Text, _>(&refund.payment_reference)
+    .bind::<Text, _>(refund.reason.as_str())
+    .bind::<Text, _>(refund.status.as_str())
+    .bind::<Instant, _>(refund.created_at)
+    .execute(conn)
+    .context("record a refund")?;
+    Ok(inserted > 0)
 }
 
 impl SqliteStore {
@@ -1081,6 +1305,17 @@ fn record(
     now: Timestamp,
 ) -> StoreResult<()> {
     insert_event(conn, event)?;
+    store_answer(conn, idempotency, reply, reservation_id, now)
+}
+
+/// Writes the answer stored under the request's key.
+fn store_answer(
+    conn: &mut SqliteConnection,
+    idempotency: &Idempotency,
+    reply: &Reply,
+    reservation_id: &str,
+    now: Timestamp,
+) -> StoreResult<()> {
     sql_query(
         "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at) \
          VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

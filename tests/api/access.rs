@@ -85,6 +85,9 @@ fn expected_roles() -> BTreeMap<&'static str, Option<&'static [&'static str]>> {
         ("list_events", Some(ALL)),
         ("hold_asset", Some(&["admin", "storefront"][..])),
         ("get_reservation", Some(ALL)),
+        ("list_reservations", Some(ALL)),
+        ("extend_reservation", Some(&["admin", "storefront"][..])),
+        ("void_reservation", Some(&["admin"][..])),
         ("release_reservation", Some(ALL)),
         ("commit_reservation", Some(&["admin", "payments"][..])),
         ("list_refunds", Some(&["admin", "payments"][..])),
@@ -252,6 +255,53 @@ async fn storefronts_see_only_their_own_reservations_and_keys(backend: Backend) 
             .status(),
         200
     );
+    // Lists and extensions stay within the same rights.
+    let listed = |token: String| {
+        let app = &app;
+        async move {
+            call(
+                app,
+                Method::GET,
+                "/v1/reservations?buyer_id=same-buyer",
+                Some(&token),
+                None,
+            )
+            .await
+            .json::<Value>()
+            .await
+            .unwrap()["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["reservation_id"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert!(listed(keys.shop.clone()).await.contains(&id.to_owned()));
+    assert!(!listed(keys.other_shop.clone())
+        .await
+        .contains(&id.to_owned()));
+    assert_eq!(listed(keys.admin.clone()).await.len(), 2);
+    let extend = format!("{path}/extend");
+    let stolen = call(
+        &app,
+        Method::POST,
+        &extend,
+        Some(&keys.other_shop),
+        Some(json!({"hold_seconds": 300})),
+    )
+    .await;
+    assert_eq!(stolen.status(), 404);
+    let own = call(
+        &app,
+        Method::POST,
+        &extend,
+        Some(&keys.shop),
+        Some(json!({"hold_seconds": 300})),
+    )
+    .await;
+    assert_eq!(own.status(), 200);
+
     let release = format!("{path}/release");
     let stolen = call(
         &app,

@@ -58,6 +58,20 @@ async fn traffic(app: &TestApp) {
     app.commit(lapsed["reservation_id"].as_str().unwrap(), "c4", "pay-4")
         .await;
     holdfast::janitor::run_once(&app.store).await.unwrap();
+    // A voided sale and a withdrawn asset.
+    app.create_asset("AU-5").await;
+    let voided = app.hold("AU-5", "b5", 300).await;
+    let voided = voided["reservation_id"].as_str().unwrap();
+    app.commit(voided, "c5", "pay-5").await;
+    app.post(
+        &format!("/v1/reservations/{voided}/void"),
+        Some("v5"),
+        &serde_json::json!({}),
+    )
+    .await;
+    app.create_asset("AU-6").await;
+    app.post("/v1/assets/AU-6/withdraw", None, &serde_json::json!({}))
+        .await;
 }
 
 async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) {
@@ -80,6 +94,16 @@ async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) 
         "{doc:#}"
     );
     assert_eq!(violations(&doc, "payment_commits_once"), 0);
+    assert_eq!(violations(&doc, "voided_sales_are_over"), 0);
+
+    // A voided sale put back as the asset's current one is caught.
+    app.sql(
+        "UPDATE assets SET status = 'SOLD', current_reservation_id = \
+         (SELECT id FROM reservations WHERE status = 'VOIDED') WHERE id = 'AU-5'",
+    )
+    .await;
+    let (_, doc) = audit(&app);
+    assert_eq!(violations(&doc, "voided_sales_are_over"), 1, "{doc:#}");
     let sold = doc["checks"]
         .as_array()
         .unwrap()
