@@ -1,7 +1,8 @@
 //! A randomized model-based test: seeded sequences of operations (create,
 //! holds with short and long lapses, commits on time and late, releases,
-//! replays with the same key, a key reused for another request, waits that
-//! let short holds lapse) run against the real service and against a small
+//! extensions, voided sales, withdrawals and reinstatements, replays with the
+//! same key, a key reused for another request, waits that let short holds
+//! lapse) run against the real service and against a small
 //! reference model of the contract. Every status and error_code, and the
 //! final state, must match. A failing seed is printed; rerun it with
 //! HOLDFAST_MODEL_SEED=<seed> cargo test model.
@@ -25,6 +26,7 @@ enum Status {
     Committed,
     Released,
     Expired,
+    Voided,
 }
 
 #[derive(Debug, Clone)]
@@ -42,12 +44,15 @@ struct Res {
 struct Request {
     path: String,
     body: Value,
+    /// Sent with an Idempotency-Key (assets' own operations are not).
+    keyed: bool,
 }
 
 #[derive(Default)]
 struct Model {
     epoch: u32,
     assets: BTreeSet<String>,
+    withdrawn: BTreeSet<String>,
     reservations: BTreeMap<String, Res>,
     committed_payments: BTreeSet<String>,
     /// Answers stored under keys: the request they answered, status, raw body.
@@ -106,7 +111,7 @@ impl Model {
         if !self.assets.contains(asset) {
             return fail(404, "ASSET_NOT_FOUND", false);
         }
-        if self.live_hold_on(asset).is_some() {
+        if self.live_hold_on(asset).is_some() || self.withdrawn.contains(asset) {
             return fail(409, "ASSET_UNAVAILABLE", false);
         }
         if self.live_holds_of(buyer) >= LIMIT {
@@ -129,6 +134,39 @@ impl Model {
             Status::Released => fail(409, "RESERVATION_NOT_ACTIVE", new_refund),
             Status::Committed if r.payment.as_deref() == Some(payment) => ok(200, false),
             Status::Committed => fail(409, "ALREADY_COMMITTED", new_refund),
+            Status::Voided => fail(409, "RESERVATION_NOT_ACTIVE", new_refund),
+        }
+    }
+
+    fn expect_extend(&self, id: &str) -> Expect {
+        if !self.reservations.contains_key(id) {
+            return fail(404, "RESERVATION_NOT_FOUND", false);
+        }
+        match self.effective(id) {
+            Status::Held => ok(200, true),
+            _ => fail(409, "RESERVATION_NOT_ACTIVE", false),
+        }
+    }
+
+    fn expect_void(&self, id: &str) -> Expect {
+        if !self.reservations.contains_key(id) {
+            return fail(404, "RESERVATION_NOT_FOUND", false);
+        }
+        match self.effective(id) {
+            Status::Committed => ok(200, true),
+            Status::Voided => ok(200, false),
+            _ => fail(409, "RESERVATION_NOT_ACTIVE", false),
+        }
+    }
+
+    fn expect_withdraw(&self, asset: &str, force: bool) -> Expect {
+        if !self.assets.contains(asset) {
+            return fail(404, "ASSET_NOT_FOUND", false);
+        }
+        match self.live_hold_on(asset).map(|id| self.effective(&id)) {
+            Some(Status::Committed) => fail(409, "ASSET_SOLD", false),
+            Some(_) if !force => fail(409, "ASSET_HELD", false),
+            _ => ok(200, false),
         }
     }
 
@@ -139,7 +177,9 @@ impl Model {
         match self.effective(id) {
             Status::Held => ok(200, true),
             Status::Released => ok(200, false),
-            Status::Committed | Status::Expired => fail(409, "RESERVATION_NOT_ACTIVE", false),
+            Status::Committed | Status::Expired | Status::Voided => {
+                fail(409, "RESERVATION_NOT_ACTIVE", false)
+            }
         }
     }
 }
@@ -158,6 +198,20 @@ enum Op {
     Release {
         id: String,
     },
+    Extend {
+        id: String,
+    },
+    Void {
+        id: String,
+        refund: bool,
+    },
+    Withdraw {
+        asset: String,
+        force: bool,
+    },
+    Reinstate {
+        asset: String,
+    },
 }
 
 impl Op {
@@ -166,6 +220,27 @@ impl Op {
             Op::Create(id) => Request {
                 path: "/v1/assets".into(),
                 body: json!({"id": id, "name": id}),
+                keyed: false,
+            },
+            Op::Extend { id } => Request {
+                path: format!("/v1/reservations/{id}/extend"),
+                body: json!({"hold_seconds": 300}),
+                keyed: true,
+            },
+            Op::Void { id, refund } => Request {
+                path: format!("/v1/reservations/{id}/void"),
+                body: json!({ "refund": refund }),
+                keyed: true,
+            },
+            Op::Withdraw { asset, force } => Request {
+                path: format!("/v1/assets/{asset}/withdraw"),
+                body: json!({ "force": force }),
+                keyed: false,
+            },
+            Op::Reinstate { asset } => Request {
+                path: format!("/v1/assets/{asset}/reinstate"),
+                body: json!({}),
+                keyed: false,
             },
             Op::Hold {
                 asset,
@@ -174,14 +249,17 @@ impl Op {
             } => Request {
                 path: format!("/v1/assets/{asset}/reservations"),
                 body: json!({"buyer_id": buyer, "hold_seconds": if *short { 1 } else { 300 }}),
+                keyed: true,
             },
             Op::Commit { id, payment } => Request {
                 path: format!("/v1/reservations/{id}/commit"),
                 body: json!({"payment_reference": payment}),
+                keyed: true,
             },
             Op::Release { id } => Request {
                 path: format!("/v1/reservations/{id}/release"),
                 body: json!({}),
+                keyed: true,
             },
         }
     }
@@ -193,6 +271,11 @@ impl Op {
             Op::Hold { asset, buyer, .. } => model.expect_hold(asset, buyer),
             Op::Commit { id, payment } => model.expect_commit(id, payment),
             Op::Release { id } => model.expect_release(id),
+            Op::Extend { id } => model.expect_extend(id),
+            Op::Void { id, .. } => model.expect_void(id),
+            Op::Withdraw { asset, force } => model.expect_withdraw(asset, *force),
+            Op::Reinstate { asset } if model.assets.contains(asset) => ok(200, false),
+            Op::Reinstate { .. } => fail(404, "ASSET_NOT_FOUND", false),
         }
     }
 
@@ -238,6 +321,28 @@ impl Op {
             Op::Release { id } if status == 200 && model.effective(id) == Status::Held => {
                 model.reservations.get_mut(id).unwrap().status = Status::Released;
             }
+            Op::Extend { id } if status == 200 => {
+                model.reservations.get_mut(id).unwrap().short_from = None;
+            }
+            Op::Void { id, refund }
+                if status == 200 && model.effective(id) == Status::Committed =>
+            {
+                let r = model.reservations.get_mut(id).unwrap();
+                r.status = Status::Voided;
+                if *refund {
+                    let payment = r.payment.clone().unwrap();
+                    r.refunds.insert(payment);
+                }
+            }
+            Op::Withdraw { asset, .. } if status == 200 => {
+                if let Some(id) = model.live_hold_on(asset) {
+                    model.reservations.get_mut(&id).unwrap().status = Status::Released;
+                }
+                model.withdrawn.insert(asset.clone());
+            }
+            Op::Reinstate { asset } if status == 200 => {
+                model.withdrawn.remove(asset);
+            }
             _ => {}
         }
     }
@@ -261,8 +366,29 @@ impl Run<'_> {
         let assets: Vec<String> = self.model.assets.iter().cloned().collect();
         let reservations: Vec<String> = self.model.reservations.keys().cloned().collect();
         let payment = format!("pay-{}", self.rng.u8(..12));
-        match self.rng.u8(..10) {
+        match self.rng.u8(..14) {
             0 => Op::Create(format!("MD-{}", self.rng.u8(..8))),
+            10 | 11 => match self.pick(&reservations).cloned() {
+                Some(id) if self.rng.bool() => Op::Extend { id },
+                Some(id) => Op::Void {
+                    id,
+                    refund: self.rng.u8(..4) > 0,
+                },
+                None => Op::Create(format!("MD-{}", self.rng.u8(..8))),
+            },
+            12 => Op::Withdraw {
+                asset: self
+                    .pick(&assets)
+                    .cloned()
+                    .unwrap_or_else(|| "MD-none".into()),
+                force: self.rng.bool(),
+            },
+            13 => Op::Reinstate {
+                asset: self
+                    .pick(&assets)
+                    .cloned()
+                    .unwrap_or_else(|| "MD-none".into()),
+            },
             1..=4 => Op::Hold {
                 asset: self
                     .pick(&assets)
@@ -288,7 +414,7 @@ impl Run<'_> {
             .client
             .post(self.app.url(&request.path))
             .json(&request.body);
-        if request.path != "/v1/assets" {
+        if request.keyed {
             call = call.header("Idempotency-Key", key);
         }
         let response = call.send().await.unwrap();
@@ -307,7 +433,7 @@ impl Run<'_> {
     async fn perform(&mut self, key: String, op: Op) {
         let request = op.request();
         let describe = format!("{} {}", request.path, request.body);
-        let keyed = request.path != "/v1/assets";
+        let keyed = request.keyed;
         let (status, body, bytes, replayed) = self.send(&key, &request).await;
         let ctx = self.context(&describe);
         match self.model.stored.get(&key).filter(|_| keyed) {
@@ -373,6 +499,7 @@ impl Run<'_> {
                 Status::Committed => "COMMITTED",
                 Status::Released => "RELEASED",
                 Status::Expired => "EXPIRED",
+                Status::Voided => "VOIDED",
             };
             assert_eq!(
                 got["status"],
@@ -398,6 +525,7 @@ impl Run<'_> {
             let want = match self.model.live_hold_on(asset) {
                 Some(id) if self.model.effective(&id) == Status::Committed => "SOLD",
                 Some(_) => "HELD",
+                None if self.model.withdrawn.contains(asset) => "WITHDRAWN",
                 None => "AVAILABLE",
             };
             assert_eq!(
@@ -427,6 +555,18 @@ fn clone_op(op: &Op) -> Op {
             payment: payment.clone(),
         },
         Op::Release { id } => Op::Release { id: id.clone() },
+        Op::Extend { id } => Op::Extend { id: id.clone() },
+        Op::Void { id, refund } => Op::Void {
+            id: id.clone(),
+            refund: *refund,
+        },
+        Op::Withdraw { asset, force } => Op::Withdraw {
+            asset: asset.clone(),
+            force: *force,
+        },
+        Op::Reinstate { asset } => Op::Reinstate {
+            asset: asset.clone(),
+        },
     }
 }
 
