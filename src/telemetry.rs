@@ -33,7 +33,7 @@ const DURATION_BUCKETS: &[f64] = &[
 
 /// Every metric the service exports, with its help text.
 pub const METRICS: &[(&str, &str)] = &[
-    ("holdfast_holds_total", "Hold requests by outcome: created, replayed, conflict, limit_reached, not_found, rejected."),
+    ("holdfast_holds_total", "Hold requests by outcome: created, replayed, conflict, not_open, limit_reached, not_found, rejected."),
     (
         "holdfast_commits_total",
         "Commit requests by outcome: committed, replayed, unchanged, hold_expired, not_active, already_committed, payment_reference_used, not_found, rejected.",

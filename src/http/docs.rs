@@ -197,7 +197,7 @@ pub fn describe(code: ErrorCode) -> &'static str {
         EventNotFound => "No event has this id.",
         MethodNotAllowed => "The path exists but not with this method; see Allow.",
         AssetExists => "An asset with this id already exists.",
-        AssetUnavailable => "Held by another buyer (try later: see hold_expires_at) or sold (gone): see asset_status.",
+        AssetUnavailable => "Held by another buyer (try later: see hold_expires_at), sold, or withdrawn from sale: see asset_status.",
         HoldExpired => "The hold lapsed before the commit; the payment is refunded (see refund).",
         ReservationNotActive => "The reservation is released, committed or expired; a payment carried is refunded (see refund).",
         AlreadyCommitted => "Committed before with another payment; this payment is refunded (see refund).",

@@ -23,7 +23,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::AppExt;
 
 use crate::config::Config;
-use crate::domain::{AssetStatus, FieldError, Refund, Reservation};
+use crate::domain::{Asset, AssetStatus, FieldError, Refund, Reservation};
 use crate::reply::{ErrorCode, Problem};
 use crate::store::Store;
 pub use error::{respond, ApiError, PROBLEM_JSON};
@@ -58,9 +58,15 @@ pub struct ProblemBody {
     /// VALIDATION_FAILED: the fields at fault.
     #[schema(nullable = false)]
     pub errors: Option<Vec<FieldError>>,
-    /// ASSET_UNAVAILABLE: HELD or SOLD.
+    /// ASSET_UNAVAILABLE: HELD, SOLD or WITHDRAWN.
     #[schema(nullable = false)]
     pub asset_status: Option<AssetStatus>,
+    /// SALE_NOT_OPEN: when holds open.
+    #[schema(value_type = Option<String>, format = DateTime, nullable = false)]
+    pub available_from: Option<String>,
+    /// ASSET_HELD, ASSET_SOLD: the asset as it is.
+    #[schema(nullable = false)]
+    pub asset: Option<Asset>,
     /// ASSET_UNAVAILABLE while HELD: when the hold lapses.
     #[schema(value_type = Option<String>, format = DateTime, nullable = false)]
     pub hold_expires_at: Option<String>,
