@@ -99,7 +99,11 @@ struct ApiDoc;
 
 /// Every route of the API; the router and the OpenAPI document both come from here.
 pub fn configure(cfg: &mut ServiceConfig) {
-    cfg.service(assets::create_asset)
+    // The router tries resources in this order, most with a regular
+    // expression: the hot paths come first.
+    cfg.service(reservations::hold_asset)
+        .service(reservations::commit_reservation)
+        .service(assets::create_asset)
         .service(assets::list_assets)
         .service(assets::count_assets)
         .service(assets::get_asset)
@@ -107,9 +111,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(assets::withdraw_asset)
         .service(assets::reinstate_asset)
         .service(assets::list_asset_events)
-        .service(reservations::hold_asset)
         .service(reservations::get_reservation)
-        .service(reservations::commit_reservation)
         .service(reservations::release_reservation)
         .service(reservations::extend_reservation)
         .service(reservations::void_reservation)
@@ -284,6 +286,14 @@ impl RouteTable {
             .map(|(_, m)| m.as_slice())
     }
 
+    /// The path template `path` matches, as the document writes it.
+    pub fn template(&self, path: &str) -> Option<&str> {
+        self.routes
+            .iter()
+            .find(|(pattern, _)| pattern.matches(path))
+            .map(|(pattern, _)| pattern.template())
+    }
+
     /// The operationId serving `method` on `path`, if any.
     pub fn operation(&self, method: &Method, path: &str) -> Option<&str> {
         self.route(path)?
@@ -296,13 +306,14 @@ impl RouteTable {
 /// An OpenAPI path template: literal segments and `{parameter}` segments,
 /// each parameter matching one non-empty segment; or a literal prefix.
 enum PathPattern {
-    Segments(Vec<Option<String>>),
+    Segments(String, Vec<Option<String>>),
     Prefix(&'static str),
 }
 
 impl PathPattern {
     fn new(template: &str) -> Self {
         PathPattern::Segments(
+            template.to_owned(),
             template
                 .split('/')
                 .map(|s| (!(s.starts_with('{') && s.ends_with('}'))).then(|| s.to_owned()))
@@ -314,10 +325,17 @@ impl PathPattern {
         PathPattern::Prefix(prefix)
     }
 
+    fn template(&self) -> &str {
+        match self {
+            PathPattern::Segments(template, _) => template,
+            PathPattern::Prefix(prefix) => prefix,
+        }
+    }
+
     fn matches(&self, path: &str) -> bool {
         match self {
             PathPattern::Prefix(prefix) => path.starts_with(prefix),
-            PathPattern::Segments(segments) => {
+            PathPattern::Segments(_, segments) => {
                 let mut parts = path.split('/');
                 segments
                     .iter()

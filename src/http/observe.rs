@@ -8,6 +8,9 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::Next;
+use actix_web::web;
+
+use super::RouteTable;
 use tracing::Instrument;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -52,11 +55,14 @@ pub async fn observe(
         idempotency_key = tracing::field::Empty,
     );
     let mut response = next.call(req).instrument(span.clone()).await?;
-    // Unmatched paths share one label, so the label set stays bounded.
+    // The documented path template; unknown paths share one label, so the
+    // label set stays bounded.
     let route = response
         .request()
-        .match_pattern()
-        .unwrap_or_else(|| "unmatched".to_owned());
+        .app_data::<web::Data<RouteTable>>()
+        .and_then(|routes| routes.template(response.request().path()))
+        .unwrap_or("unmatched")
+        .to_owned();
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
     span.record("route", route.as_str());
