@@ -36,9 +36,11 @@ pub const METRICS: &[(&str, &str)] = &[
     ("holdfast_holds_total", "Hold requests by outcome: created, replayed, conflict, not_open, limit_reached, not_found, rejected."),
     (
         "holdfast_commits_total",
-        "Commit requests by outcome: committed, replayed, unchanged, hold_expired, not_active, already_committed, payment_reference_used, not_found, rejected.",
+        "Commit requests by outcome: committed, committed_late, replayed, unchanged, hold_expired, not_active, already_committed, payment_reference_used, not_found, rejected.",
     ),
     ("holdfast_releases_total", "Release requests by outcome: released, replayed, unchanged, not_active, not_found, rejected."),
+    ("holdfast_withdrawals_total", "Withdraw requests by outcome: withdrawn, unchanged, held, sold, not_found."),
+    ("holdfast_reinstatements_total", "Reinstate requests by outcome: reinstated, unchanged, not_found."),
     ("holdfast_extensions_total", "Extend requests by outcome: extended, replayed, not_active, limit_reached, not_found, rejected."),
     ("holdfast_voids_total", "Void requests by outcome: voided, replayed, unchanged, not_active, not_found, rejected."),
     ("holdfast_refunds_requested_total", "Refunds created, by reason."),

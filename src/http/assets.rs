@@ -14,6 +14,7 @@ use super::AppState;
 use crate::domain::{Asset, AssetId, AssetStatus, Event, Timestamp};
 use crate::reply::{self, ErrorCode, Problem, Reply};
 use crate::store::{AssetPage, ReinstateOutcome, WithdrawOutcome};
+use crate::telemetry::count;
 
 /// A new asset.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -160,6 +161,9 @@ pub async fn update_asset(
     }
 }
 
+const WITHDRAWALS: &str = "holdfast_withdrawals_total";
+const REINSTATEMENTS: &str = "holdfast_reinstatements_total";
+
 /// Take an asset off sale.
 ///
 /// An AVAILABLE asset becomes WITHDRAWN: holds answer 409 ASSET_UNAVAILABLE
@@ -185,13 +189,26 @@ pub async fn withdraw_asset(
     let force = body.value.force;
     match state.store.withdraw(&id, force).await? {
         WithdrawOutcome::Withdrawn(asset) => {
+            count(WITHDRAWALS, "withdrawn");
             tracing::info!(asset_id = %asset.id, force, "asset withdrawn");
             Ok(respond(Reply::json(200, &asset)))
         }
-        WithdrawOutcome::Unchanged(asset) => Ok(respond(Reply::json(200, &asset))),
-        WithdrawOutcome::Held(asset) => Err(reply::asset_held(&asset).into()),
-        WithdrawOutcome::Sold(asset) => Err(reply::asset_sold(&asset).into()),
-        WithdrawOutcome::NotFound => Err(reply::asset_not_found().into()),
+        WithdrawOutcome::Unchanged(asset) => {
+            count(WITHDRAWALS, "unchanged");
+            Ok(respond(Reply::json(200, &asset)))
+        }
+        WithdrawOutcome::Held(asset) => {
+            count(WITHDRAWALS, "held");
+            Err(reply::asset_held(&asset).into())
+        }
+        WithdrawOutcome::Sold(asset) => {
+            count(WITHDRAWALS, "sold");
+            Err(reply::asset_sold(&asset).into())
+        }
+        WithdrawOutcome::NotFound => {
+            count(WITHDRAWALS, "not_found");
+            Err(reply::asset_not_found().into())
+        }
     }
 }
 
@@ -215,11 +232,18 @@ pub async fn reinstate_asset(
     let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
     match state.store.reinstate(&id).await? {
         ReinstateOutcome::Reinstated(asset) => {
+            count(REINSTATEMENTS, "reinstated");
             tracing::info!(asset_id = %asset.id, "asset reinstated");
             Ok(respond(Reply::json(200, &asset)))
         }
-        ReinstateOutcome::Unchanged(asset) => Ok(respond(Reply::json(200, &asset))),
-        ReinstateOutcome::NotFound => Err(reply::asset_not_found().into()),
+        ReinstateOutcome::Unchanged(asset) => {
+            count(REINSTATEMENTS, "unchanged");
+            Ok(respond(Reply::json(200, &asset)))
+        }
+        ReinstateOutcome::NotFound => {
+            count(REINSTATEMENTS, "not_found");
+            Err(reply::asset_not_found().into())
+        }
     }
 }
 

@@ -224,6 +224,11 @@ pub async fn commit_reservation(
             tracing::info!("reservation committed; asset sold");
             respond(reply)
         }
+        CommitOutcome::CommittedLate(reply) => {
+            count(COMMITS, "committed_late");
+            tracing::info!("late payment accepted; asset was free and is sold");
+            respond(reply)
+        }
         CommitOutcome::Refunded { reply, reason } => {
             count(COMMITS, refusal(reason));
             metrics::counter!("holdfast_refunds_requested_total", "reason" => reason.as_str())

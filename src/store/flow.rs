@@ -298,7 +298,7 @@ pub(crate) async fn commit<B: Backend>(
                     .commit_late(&reservation, payment, &req.idempotency)
                     .await
                 {
-                    Ok(Some(reply)) => return Ok(CommitOutcome::Committed(reply)),
+                    Ok(Some(reply)) => return Ok(CommitOutcome::CommittedLate(reply)),
                     // Taken meanwhile: the payment is refunded below.
                     Ok(None) => late_refused = true,
                     Err(e)

@@ -164,6 +164,8 @@ pub struct ReservationPage {
 #[derive(Debug)]
 pub enum CommitOutcome {
     Committed(Reply),
+    /// Committed after the hold lapsed, the asset being free (accept-if-free).
+    CommittedLate(Reply),
     /// Committed before with the same payment: 200, nothing changed.
     AlreadyCommitted(Reservation),
     /// 409 with the refund this request created (stored for replay).
