@@ -956,6 +956,14 @@ impl Backend for PgStore {
         let mut conn = self.conn().await?;
         let result = conn
             .transaction(async |c| {
+                // The asset's lock first: a janitor expiring this very hold
+                // right now is waited for, and the statements below read
+                // after it, so its expiry is seen rather than skipped.
+                sql_query("SELECT id FROM assets WHERE id = $1 FOR UPDATE")
+                    .bind::<Text, _>(&reservation.asset_id)
+                    .execute(c)
+                    .await
+                    .context("lock the asset")?;
                 let now = db_now(c).await?;
                 // The lapsed hold, if nobody swept it yet, expires first.
                 expire_lapsed(c, Some(&reservation.asset_id), now, 1).await?;

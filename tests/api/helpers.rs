@@ -562,6 +562,17 @@ pub enum Blocker {
 }
 
 impl Blocker {
+    /// Commits what the transaction did, as the other writer would.
+    pub async fn commit(self) {
+        match self {
+            Blocker::Postgres(mut conn) => conn.batch_execute("COMMIT").await.expect("commit"),
+            Blocker::Sqlite(mut conn) => {
+                use diesel::connection::SimpleConnection;
+                conn.batch_execute("COMMIT").expect("commit");
+            }
+        }
+    }
+
     pub async fn release(self) {
         match self {
             Blocker::Postgres(mut conn) => conn.batch_execute("ROLLBACK").await.expect("rollback"),

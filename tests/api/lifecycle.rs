@@ -510,3 +510,56 @@ async fn late_payments_buy_a_free_asset_on_both_backends() {
     late_payments_buy_a_free_asset(crate::helpers::Backend::Postgres).await;
     late_payments_buy_a_free_asset(crate::helpers::Backend::Sqlite).await;
 }
+
+/// A late payment arriving while a janitor expires that very hold: the
+/// commit waits for the janitor and then sells the free asset, rather than
+/// missing the expiry and refunding (PostgreSQL; SQLite has one writer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_payment_waits_for_a_concurrent_expiry() {
+    let Some(app) = TestApp::try_spawn_with(crate::helpers::Backend::Postgres, |c| {
+        c.late_commit = holdfast::config::LateCommit::AcceptIfFree;
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("LR-1").await;
+    let held = app.hold("LR-1", "b", 1).await;
+    let id = held["reservation_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // What the janitor's expiry does, left open.
+    let janitor = app
+        .hold_lock_open(&format!(
+            "BEGIN; \
+             UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
+                    version = version + 1, last_event_sequence = last_event_sequence + 1 WHERE id = 'LR-1'; \
+             UPDATE reservations SET status = 'EXPIRED' WHERE id = '{id}'; \
+             INSERT INTO events (id, asset_id, sequence, type, data, created_at) \
+                 VALUES ('evt_lr1', 'LR-1', 2, 'reservation.expired', '{{\"reservation_id\":\"{id}\"}}', now());"
+        ))
+        .await;
+    let commit = {
+        let (client, url) = (
+            app.client.clone(),
+            app.url(&format!("/v1/reservations/{id}/commit")),
+        );
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .header("Idempotency-Key", "lr-1")
+                .json(&json!({"payment_reference": "pay-lr-1"}))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    janitor.commit().await;
+    let response = commit.await.unwrap();
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "COMMITTED");
+    assert_eq!(app.get_json("/v1/assets/LR-1").await["status"], "SOLD");
+    assert!(audit(&app).0);
+}
