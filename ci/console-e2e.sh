@@ -2,7 +2,9 @@
 # Operator console check: headless Chromium signs in to /console (with the
 # API key as the Basic password when one is given), watches assets held and
 # committed through the API turn HELD with a running countdown and then SOLD
-# without a reload, checks the refunds panel, the timeline, the create form,
+# without a reload, withdraws and reinstates assets from the page (a held one
+# after confirming), explains ASSET_HELD and ASSET_SOLD, voids a sale, sets
+# when a sale opens, checks the refunds panel, the timeline, the create form,
 # keyboard reach and labels, and that no request leaves the holdfast host;
 # saves target/console.png (1280x800) and target/console-phone.png (375x812)
 # under the repository root (or SCREENSHOT_DIR).

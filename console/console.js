@@ -11,9 +11,11 @@
   const PAGE_SIZE = 50;
   const REFUND_PAGE = 100;
   const SOON_SECONDS = 60;
-  const DEFAULT_STATUSES = ["AVAILABLE", "HELD", "SOLD"];
+  const DEFAULT_STATUSES = ["AVAILABLE", "HELD", "SOLD", "WITHDRAWN"];
+  const ASSET_PATH = "/v1/assets/{asset_id}";
   const WITHDRAW_PATH = "/v1/assets/{asset_id}/withdraw";
   const REINSTATE_PATH = "/v1/assets/{asset_id}/reinstate";
+  const VOID_PATH = "/v1/reservations/{reservation_id}/void";
   const STATUS_WORDS = {
     AVAILABLE: "Available",
     HELD: "Held",
@@ -24,6 +26,7 @@
     HOLD_EXPIRED: "paid after the hold lapsed",
     RESERVATION_RELEASED: "paid for a released hold",
     ALREADY_COMMITTED: "second payment for a sold asset",
+    SALE_VOIDED: "sale voided",
   };
 
   const $ = (id) => document.getElementById(id);
@@ -44,6 +47,8 @@
     refundFilter: "REQUESTED",
     canWithdraw: false,
     canReinstate: false,
+    canSetOpening: false,
+    canVoid: false,
     paused: false,
     signedOut: false,
     timer: 0,
@@ -307,6 +312,53 @@
 
   function tickCountdowns() {
     for (const t of document.querySelectorAll("time.countdown")) paintCountdown(t);
+    for (const t of document.querySelectorAll("time.opens")) paintOpens(t);
+  }
+
+  // ---- when a sale opens ---------------------------------------------------------
+
+  const DAY_MS = 24 * 3600 * 1000;
+
+  /** Whether the asset's sale opens later (holds answer 409 SALE_NOT_OPEN until then). */
+  function opensLater(asset) {
+    const at = Date.parse(asset?.available_from || "");
+    return !Number.isNaN(at) && at > serverNow();
+  }
+
+  /** "opens in 2 h 05 min" within a day, else "opens 1 Dec 2026, 09:00"; gone once open. */
+  function opensNote(iso) {
+    const t = el("time", "opens");
+    t.dateTime = iso;
+    t.dataset.opens = String(Date.parse(iso));
+    t.title = `The sale opens at ${localTime(iso)}`;
+    paintOpens(t);
+    return t;
+  }
+
+  function paintOpens(t) {
+    const left = Number(t.dataset.opens) - serverNow();
+    t.hidden = !(left > 0);
+    if (t.hidden) return;
+    if (left >= DAY_MS) {
+      setText(t, `opens ${localTime(t.dateTime)}`);
+      return;
+    }
+    const total = Math.ceil(left / 1000);
+    const h = Math.floor(total / 3600);
+    const m = Math.floor((total % 3600) / 60);
+    let text;
+    if (h > 0) text = `${h} h ${String(m).padStart(2, "0")} min`;
+    else if (total >= 60) text = `${Math.ceil(total / 60)} min`;
+    else text = `${total} s`;
+    setText(t, `opens in ${text}`);
+  }
+
+  /** "2026-12-01T09:00" in this browser's time zone, for a datetime-local input. */
+  function localInputValue(iso) {
+    const d = new Date(iso);
+    if (Number.isNaN(d.getTime())) return "";
+    const p = (n) => String(n).padStart(2, "0");
+    return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())}T${p(d.getHours())}:${p(d.getMinutes())}`;
   }
 
   // ---- counts ------------------------------------------------------------------
@@ -471,9 +523,10 @@
     tr.dataset.status = asset.status;
     setText(tr.querySelector(".cell-name .value"), asset.name);
     const statusCell = tr.querySelector(".cell-status .value");
-    if (!previous || previous.status !== asset.status) {
+    if (!previous || previous.status !== asset.status || previous.available_from !== asset.available_from) {
       statusCell.replaceChildren(badge(asset.status));
-      if (previous) flash(tr);
+      if (asset.available_from && opensLater(asset)) statusCell.append(" ", opensNote(asset.available_from));
+      if (previous && previous.status !== asset.status) flash(tr);
     }
     const holdCell = tr.querySelector(".cell-hold .value");
     if (!previous || previous.hold_expires_at !== asset.hold_expires_at || previous.status !== asset.status) {
@@ -536,7 +589,8 @@
     $("assets").classList.toggle("no-actions", !(state.canWithdraw || state.canReinstate));
   }
 
-  function actionButtons(asset) {
+  /** The row's actions; the timeline adds voiding a sale. */
+  function actionButtons(asset, inTimeline = false) {
     const buttons = [];
     if (state.canWithdraw && (asset.status === "AVAILABLE" || asset.status === "HELD")) {
       const b = button("Withdraw", "secondary small", () => withdraw(asset.id, b));
@@ -548,45 +602,133 @@
       b.setAttribute("aria-label", `Reinstate ${asset.id}`);
       buttons.push(b);
     }
+    if (inTimeline && state.canVoid && asset.status === "SOLD" && asset.current_reservation_id) {
+      const b = button("Void sale", "secondary small danger", () => voidSale(asset, b));
+      b.setAttribute("aria-label", `Void the sale of ${asset.id}`);
+      buttons.push(b);
+    }
     return buttons;
   }
 
   // ---- admin actions ---------------------------------------------------------
 
+  /** The asset as this page last saw it. */
+  function shownAsset(assetId) {
+    return state.assets.find((a) => a.id === assetId) || (state.selectedAsset?.id === assetId ? state.selectedAsset : null);
+  }
+
+  function knownBuyer(asset) {
+    const buyer = asset ? buyerOf(asset) : "—";
+    return buyer === "—" || buyer === "…" ? null : buyer;
+  }
+
+  /** The error code of an API problem, or "". */
+  function problemCode(error) {
+    return error instanceof ApiError ? error.problem.error_code || "" : "";
+  }
+
+  /**
+   * Withdraw an asset. A held one is withdrawn only after the operator
+   * confirms, with {"force": true}: the hold's reservation is RELEASED.
+   */
   async function withdraw(assetId, trigger) {
-    const asset = state.assets.find((a) => a.id === assetId) || (state.selectedAsset?.id === assetId ? state.selectedAsset : null);
+    const asset = shownAsset(assetId);
     let body = {};
+    const buyer = knownBuyer(asset);
     if (asset?.status === "HELD") {
-      const buyer = buyerOf(asset);
-      const who = buyer && buyer !== "—" && buyer !== "…" ? ` by ${buyer}` : "";
-      if (!window.confirm(`${assetId} is held${who}. Withdraw it anyway? The hold ends now.`)) return;
+      const who = buyer ? ` by ${buyer}` : "";
+      const question = `${assetId} is held${who}. Withdraw it anyway? The hold ends now (its reservation is released; a payment that still comes is refunded).`;
+      if (!window.confirm(question)) return;
       body = { force: true };
     }
     await runAction(trigger, async () => {
-      const result = await act(`withdraw:${assetId}`, "POST", WITHDRAW_PATH, { asset_id: assetId }, body);
-      notify(`${assetId} is ${result?.status || "withdrawn"}.`);
+      let result;
+      try {
+        result = await act(`withdraw:${assetId}`, "POST", WITHDRAW_PATH, { asset_id: assetId }, body);
+      } catch (error) {
+        const code = problemCode(error);
+        if (code === "ASSET_HELD") {
+          throw new Error(`${assetId} was not withdrawn: a buyer holds it now (409 ASSET_HELD). Press Withdraw again to end that hold and withdraw it.`);
+        }
+        if (code === "ASSET_SOLD") {
+          throw new Error(`${assetId} was not withdrawn: it is sold (409 ASSET_SOLD). To put it back on sale, void the sale from its timeline.`);
+        }
+        throw error;
+      }
+      const released = body.force ? `; the hold${buyer ? ` of ${buyer}` : ""} was released` : "";
+      notify(`${assetId} is ${result?.status || "WITHDRAWN"}${released}.`);
     });
   }
 
   async function reinstate(assetId, trigger) {
     await runAction(trigger, async () => {
       const result = await act(`reinstate:${assetId}`, "POST", REINSTATE_PATH, { asset_id: assetId }, {});
-      notify(`${assetId} is ${result?.status || "reinstated"}.`);
+      notify(`${assetId} is ${result?.status || "AVAILABLE"} again.`);
     });
   }
 
+  /**
+   * Void a sale (after confirming): the reservation becomes VOIDED, the
+   * asset AVAILABLE, and the payment is refunded. A retry of the same click
+   * after no answer sends the same Idempotency-Key, so it cannot act twice.
+   */
+  async function voidSale(asset, trigger) {
+    const rid = asset.current_reservation_id;
+    const buyer = knownBuyer(asset);
+    const question = `Void the sale of ${asset.id}${buyer ? ` to ${buyer}` : ""}? It becomes AVAILABLE again and the payment is refunded (a SALE_VOIDED refund to pay back).`;
+    if (!window.confirm(question)) return;
+    await runAction(trigger, async () => {
+      let result;
+      try {
+        result = await act(`void:${rid}`, "POST", VOID_PATH, { reservation_id: rid }, {});
+      } catch (error) {
+        if (mayHaveActed(error)) throw new Error(`${error.message} Press Void sale again to retry: the same request is sent, so the sale is voided once.`);
+        if (problemCode(error) === "RESERVATION_NOT_ACTIVE") {
+          throw new Error(`The sale of ${asset.id} was not voided: its reservation is ${error.problem.reservation?.status || "no longer committed"} (409 RESERVATION_NOT_ACTIVE).`);
+        }
+        throw error;
+      }
+      const refunded = (result?.refunds || []).some((r) => r.reason === "SALE_VOIDED");
+      notify(`The sale of ${asset.id} is ${result?.status || "VOIDED"}; the asset is on sale again${refunded ? " and the payment waits to be refunded" : ""}.`);
+    });
+  }
+
+  /** Set when the sale of the asset in the timeline opens, or open it now. */
+  async function setOpening(openNow, trigger) {
+    const asset = state.selectedAsset;
+    if (!asset) return;
+    let availableFrom = null;
+    if (!openNow) {
+      const value = $("opening-at").value;
+      const at = value ? new Date(value) : null;
+      if (!at || Number.isNaN(at.getTime())) {
+        alertError("Choose the date and time the sale opens, or press Open now.");
+        $("opening-at").focus();
+        return;
+      }
+      availableFrom = at.toISOString();
+    }
+    await runAction(trigger, async () => {
+      const result = await act(`opening:${asset.id}`, "PATCH", ASSET_PATH, { asset_id: asset.id }, { available_from: availableFrom });
+      const opens = result?.available_from;
+      $("opening-at").value = opens ? localInputValue(opens) : "";
+      notify(opens && opensLater(result) ? `${asset.id}: the sale opens at ${localTime(opens)}.` : `${asset.id}: the sale is open.`);
+    });
+  }
+
+  /** Runs an action, then shows the board as it now is (also after a refusal: the page may have been stale). */
   async function runAction(trigger, work) {
     if (trigger) trigger.disabled = true;
     alertError("");
     try {
       await work();
-      refreshBoard();
-      loadCounts().catch(() => {});
-      if (state.selected) loadTimeline().catch(() => {});
     } catch (error) {
       alertError(failure(error));
     } finally {
       if (trigger && trigger.isConnected) trigger.disabled = false;
+      refreshBoard();
+      loadCounts().catch(() => {});
+      if (state.selected) loadTimeline().catch(() => {});
     }
   }
 
@@ -656,6 +798,7 @@
     setText($("timeline-heading"), `Timeline of ${assetId}`);
     $("asset-detail").replaceChildren();
     $("detail-actions").replaceChildren();
+    $("opening-form").hidden = true;
     $("events").replaceChildren();
     $("events-empty").hidden = true;
     for (const tr of rows.values()) {
@@ -711,6 +854,7 @@
       ["Name", el("span", null, asset.name)],
       ["Status", badge(asset.status)],
       ["Hold ends in", asset.status === "HELD" && asset.hold_expires_at ? countdown(asset.hold_expires_at) : el("span", null, "—")],
+      ["Sale opens", openingDetail(asset)],
       ["Buyer", el("span", "detail-buyer", buyerOf(asset))],
       ["Reservation", el("code", null, asset.current_reservation_id || "—")],
       ["Version", el("span", null, String(asset.version))],
@@ -725,7 +869,22 @@
       div.append(dd);
       dl.append(div);
     }
-    $("detail-actions").replaceChildren(...actionButtons(asset));
+    $("detail-actions").replaceChildren(...actionButtons(asset, true));
+    const form = $("opening-form");
+    const wasHidden = form.hidden;
+    form.hidden = !state.canSetOpening || asset.status === "SOLD";
+    $("opening-now").hidden = !opensLater(asset);
+    // Filled when the form appears, never while the operator may be typing.
+    if (wasHidden && !form.hidden) $("opening-at").value = asset.available_from ? localInputValue(asset.available_from) : "";
+  }
+
+  /** "1 Dec 2026, 09:00" and "opens in …" below it; "—" when no opening time is set. */
+  function openingDetail(asset) {
+    if (!asset.available_from) return el("span", null, "—");
+    const span = el("span");
+    span.append(timeEl(asset.available_from));
+    if (opensLater(asset)) span.append(" ", opensNote(asset.available_from));
+    return span;
   }
 
   function describeEvent(event) {
@@ -739,6 +898,14 @@
         return "Released: available again";
       case "reservation.expired":
         return "Hold expired: available again";
+      case "reservation.extended":
+        return `Hold of ${d.buyer_id ?? "the buyer"} extended until ${localTime(d.expires_at)}`;
+      case "reservation.voided":
+        return `Sale voided (payment ${d.payment_reference ?? "—"}): available again`;
+      case "asset.withdrawn":
+        return "Withdrawn: off sale until reinstated";
+      case "asset.reinstated":
+        return "Reinstated: available again";
       case "refund.requested":
         return `Refund requested for payment ${d.payment_reference ?? "—"} (${REASON_WORDS[d.reason] || d.reason || "refund"})`;
       case "refund.completed":
@@ -906,6 +1073,11 @@
       if (e.key === "Escape") closeTimeline();
     });
     $("create-form").addEventListener("submit", createAsset);
+    $("opening-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      setOpening(false, $("opening-set"));
+    });
+    $("opening-now").addEventListener("click", (e) => setOpening(true, e.currentTarget));
     document.addEventListener("visibilitychange", onVisibility);
     setInterval(tickCountdowns, 250);
 
@@ -916,6 +1088,8 @@
       if (Array.isArray(statuses) && statuses.length > 0) state.statuses = statuses.slice();
       state.canWithdraw = hasOperation("POST", WITHDRAW_PATH);
       state.canReinstate = hasOperation("POST", REINSTATE_PATH);
+      state.canSetOpening = hasOperation("PATCH", ASSET_PATH);
+      state.canVoid = hasOperation("POST", VOID_PATH);
     } catch (error) {
       alertError(`Could not read /openapi.json: ${failure(error)}`);
     }
