@@ -29,7 +29,7 @@ pub struct IdempotencyKeyParam {
         rename = "Idempotency-Key",
         min_length = 1,
         max_length = 255,
-        pattern = "^[\\x20-\\x7E]+$",
+        pattern = "^[\\x20-\\x7E]*[\\x21-\\x7E][\\x20-\\x7E]*$",
         example = "8f14e45f-hold-1"
     )]
     pub idempotency_key: String,

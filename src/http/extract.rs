@@ -88,7 +88,8 @@ impl Caller {
 }
 
 /// A JSON object body parsed into `T`, plus its canonical text (sorted keys,
-/// no whitespace) for fingerprints. With `OPTIONAL`, an empty body reads as `{}`.
+/// no whitespace) for fingerprints. With `OPTIONAL`, an empty body or JSON
+/// null reads as `{}`.
 pub struct JsonBody<T, const OPTIONAL: bool = false> {
     pub value: T,
     pub canonical: String,
@@ -152,6 +153,12 @@ impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest for JsonBo
                         format!("the body is not valid JSON: {e}"),
                     )
                 })?
+            };
+            // An optional body may also be sent as JSON null, as the
+            // document allows: the same request as no body.
+            let value = match value {
+                Value::Null if OPTIONAL => Value::Object(Default::default()),
+                value => value,
             };
             if !value.is_object() {
                 return Err(ApiError::new(

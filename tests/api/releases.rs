@@ -90,10 +90,12 @@ async fn release_takes_no_body_or_an_empty_object(app: TestApp) {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    // `{}` is the same request as no body: a replay.
-    let response = app.post(&path, Some("k-2"), &json!({})).await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(response.headers()["idempotent-replayed"], "true");
+    // `{}` and JSON null are the same request as no body: replays.
+    for same in [json!({}), Value::Null] {
+        let response = app.post(&path, Some("k-2"), &same).await;
+        assert_eq!(response.status(), 200, "{same}");
+        assert_eq!(response.headers()["idempotent-replayed"], "true");
+    }
 }
 
 backend_tests!(
