@@ -1138,15 +1138,22 @@ async fn read_hold_snapshots(
         .get()
         .await
         .map_err(|e| StoreError::unavailable("get a database connection", e))?;
-    let mut assets = Vec::with_capacity(inputs.len());
-    let mut scopes = Vec::with_capacity(inputs.len());
-    let mut keys = Vec::with_capacity(inputs.len());
-    for (asset, scope, key) in inputs {
-        assets.push(asset);
-        scopes.push(scope);
-        keys.push(key);
-    }
-    Prepared(
+    // Identical requests (retries of one key) are read once.
+    let mut unique: Vec<&SnapshotInput> = Vec::with_capacity(inputs.len());
+    let mut index = std::collections::HashMap::with_capacity(inputs.len());
+    let slots: Vec<usize> = inputs
+        .iter()
+        .map(|input| {
+            *index.entry(input).or_insert_with(|| {
+                unique.push(input);
+                unique.len() - 1
+            })
+        })
+        .collect();
+    let assets: Vec<&str> = unique.iter().map(|(a, _, _)| a.as_str()).collect();
+    let scopes: Vec<&str> = unique.iter().map(|(_, s, _)| s.as_str()).collect();
+    let keys: Vec<&str> = unique.iter().map(|(_, _, k)| k.as_str()).collect();
+    let rows = Prepared(
         sql_query(HOLD_SNAPSHOT_SQL)
             .bind::<Array<Text>, _>(assets)
             .bind::<Array<Text>, _>(scopes)
@@ -1154,7 +1161,15 @@ async fn read_hold_snapshots(
     )
     .load::<HoldSnapshotRow>(&mut conn)
     .await
-    .context("read the asset to hold")
+    .context("read the asset to hold")?;
+    if rows.len() != unique.len() {
+        return Err(StoreError::Corrupt(format!(
+            "{} snapshot rows for {} requests",
+            rows.len(),
+            unique.len()
+        )));
+    }
+    Ok(slots.into_iter().map(|slot| rows[slot].clone()).collect())
 }
 
 /// Takes the (owner, buyer) row lock of the per-buyer hold limit.

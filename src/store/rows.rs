@@ -241,7 +241,7 @@ impl MaybeReservationRow {
 }
 
 /// The columns of a LEFT JOINed idempotency record, all nullable.
-#[derive(QueryableByName)]
+#[derive(QueryableByName, Clone)]
 pub(crate) struct MaybeStoredRow {
     #[diesel(sql_type = Nullable<Text>)]
     pub(crate) fingerprint: Option<String>,
@@ -264,7 +264,7 @@ impl MaybeStoredRow {
     }
 }
 
-#[derive(QueryableByName)]
+#[derive(QueryableByName, Clone)]
 pub(crate) struct HoldSnapshotRow {
     #[diesel(sql_type = Instant)]
     pub(crate) now: Timestamp,
