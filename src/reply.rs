@@ -181,6 +181,29 @@ pub fn reservation_ok(reservation: &Reservation) -> Reply {
     Reply::json(200, reservation)
 }
 
+/// The 409 of a hold on a taken asset, as bytes. The losers of a flash sale
+/// all get the same answer: each thread keeps its last rendering and reuses
+/// it while the asset's status and expiry are the same (a pure function of
+/// both, so never stale).
+pub fn asset_unavailable_reply(status: AssetStatus, hold_expires_at: Option<Timestamp>) -> Reply {
+    type Rendered = ((AssetStatus, Option<Timestamp>), Reply);
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<Rendered>> = const { std::cell::RefCell::new(None) };
+    }
+    let key = (status, hold_expires_at);
+    LAST.with(|last| {
+        let mut last = last.borrow_mut();
+        match &*last {
+            Some((seen, reply)) if *seen == key => reply.clone(),
+            _ => {
+                let reply = asset_unavailable(status, hold_expires_at).into_reply();
+                *last = Some((key, reply.clone()));
+                reply
+            }
+        }
+    })
+}
+
 pub fn asset_unavailable(status: AssetStatus, hold_expires_at: Option<Timestamp>) -> Problem {
     let mut p = Problem::new(
         ErrorCode::AssetUnavailable,
@@ -321,6 +344,23 @@ pub fn service_unavailable() -> Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::{TimeZone, Utc};
+
+    #[test]
+    fn a_kept_rejection_is_the_same_bytes_as_a_fresh_one() {
+        let at = Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0).unwrap();
+        let later = at + chrono::Duration::seconds(5);
+        for (status, expiry) in [
+            (AssetStatus::Held, Some(at)),
+            (AssetStatus::Held, Some(at)),
+            (AssetStatus::Held, Some(later)),
+            (AssetStatus::Sold, None),
+            (AssetStatus::Held, Some(at)),
+        ] {
+            let kept = asset_unavailable_reply(status, expiry);
+            assert_eq!(kept, asset_unavailable(status, expiry).into_reply());
+        }
+    }
 
     #[test]
     fn problem_has_the_contract_members() {

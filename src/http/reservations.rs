@@ -139,7 +139,7 @@ pub async fn hold_asset(
             hold_expires_at,
         } => {
             count("holdfast_holds_total", "conflict");
-            return Err(reply::asset_unavailable(status, hold_expires_at).into());
+            respond(reply::asset_unavailable_reply(status, hold_expires_at))
         }
         HoldOutcome::SaleNotOpen { available_from } => {
             count("holdfast_holds_total", "not_open");
