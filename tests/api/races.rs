@@ -189,7 +189,60 @@ async fn concurrent_requests_each_get_their_own_answer(app: TestApp) {
     assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
 }
 
+/// At the opening instant of a sale, holds race like any other: waves of
+/// parallel buyers from just before the opening until one wins; exactly one
+/// does, the others are told the sale is not open or the asset is taken.
+async fn the_opening_instant_makes_one_winner(app: TestApp) {
+    let opens = chrono::Utc::now() + chrono::Duration::milliseconds(1500);
+    let created = app
+        .post(
+            "/v1/assets",
+            None,
+            &json!({"id": "OPENING-1", "name": "lot",
+                    "available_from": opens.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}),
+        )
+        .await;
+    assert_eq!(created.status(), 201);
+    tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    let mut answers = Vec::new();
+    for wave in 0..40 {
+        let responses = join_all((0..20).map(|i| {
+            let app = &app;
+            async move {
+                let response = app
+                    .post(
+                        "/v1/assets/OPENING-1/reservations",
+                        Some(&format!("opening-{wave}-{i}")),
+                        &json!({"buyer_id": format!("buyer-{wave}-{i}")}),
+                    )
+                    .await;
+                let status = response.status().as_u16();
+                let body: Value = response.json().await.unwrap();
+                (status, body["error_code"].as_str().unwrap_or("").to_owned())
+            }
+        }))
+        .await;
+        let won = responses.iter().any(|(s, _)| *s == 201);
+        answers.extend(responses);
+        if won {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let winners = answers.iter().filter(|(s, _)| *s == 201).count();
+    assert_eq!(winners, 1, "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|(s, c)| *s == 201
+                || (*s == 409 && (c == "SALE_NOT_OPEN" || c == "ASSET_UNAVAILABLE"))),
+        "{answers:?}"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
+}
+
 backend_tests!(
+    the_opening_instant_makes_one_winner,
     concurrent_requests_each_get_their_own_answer,
     a_hundred_buyers_on_one_asset_make_one_winner,
     thirty_duplicates_of_one_request_hold_once,
