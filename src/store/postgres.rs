@@ -956,16 +956,9 @@ impl Backend for PgStore {
         let mut conn = self.conn().await?;
         let result = conn
             .transaction(async |c| {
-                // The asset's lock first: a janitor expiring this very hold
-                // right now is waited for, and the statements below read
-                // after it, so its expiry is seen rather than skipped.
-                sql_query("SELECT id FROM assets WHERE id = $1 FOR UPDATE")
-                    .bind::<Text, _>(&reservation.asset_id)
-                    .execute(c)
-                    .await
-                    .context("lock the asset")?;
                 let now = db_now(c).await?;
-                // The lapsed hold, if nobody swept it yet, expires first.
+                // The lapsed hold, if nobody swept it yet, expires first
+                // (waiting for a janitor expiring it right now).
                 expire_lapsed(c, Some(&reservation.asset_id), now, 1).await?;
                 let row = sql_query(
                     "WITH a AS ( \
@@ -1258,34 +1251,52 @@ WITH live AS (
 SELECT (SELECT count(*) FROM claimed) AS claimed,
        coalesce($14::bigint IS NOT NULL AND (SELECT holds FROM live) >= $14, false) AS limit_reached";
 
+/// The expiry statement, with the lock clause of its choice of assets.
+macro_rules! expire_sql {
+    ($lock:literal) => {
+        concat!(
+            "WITH lapsed AS ( \
+               SELECT id FROM assets \
+               WHERE status = 'HELD' AND hold_expires_at <= $1 AND ($2::text IS NULL OR id = $2) \
+               ORDER BY id LIMIT $3 ",
+            $lock,
+            " ), a AS ( \
+               UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
+                      version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $1 \
+               FROM lapsed WHERE assets.id = lapsed.id \
+               RETURNING assets.id, assets.last_event_sequence) \
+             UPDATE reservations SET status = 'EXPIRED' FROM a \
+             WHERE reservations.asset_id = a.id AND reservations.status = 'HELD' \
+             RETURNING reservations.*, a.last_event_sequence AS event_sequence"
+        )
+    };
+}
+
 /// Expires lapsed holds (of one asset, or up to `limit` of any) as of `now`:
 /// each asset back to AVAILABLE, its HELD reservation EXPIRED, one event each.
+///
+/// Sweeps of any assets skip rows another transaction holds, so that
+/// janitors share the work. The expiry of one asset, done before acting on
+/// it, waits for such a transaction instead (a janitor expiring that very
+/// hold): what the caller does next then reads after it.
 async fn expire_lapsed(
     conn: &mut AsyncPgConnection,
     asset: Option<&str>,
     now: Timestamp,
     limit: i64,
 ) -> StoreResult<usize> {
-    let rows = sql_query(
-        "WITH lapsed AS ( \
-           SELECT id FROM assets \
-           WHERE status = 'HELD' AND hold_expires_at <= $1 AND ($2::text IS NULL OR id = $2) \
-           ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED \
-         ), a AS ( \
-           UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
-                  version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $1 \
-           FROM lapsed WHERE assets.id = lapsed.id \
-           RETURNING assets.id, assets.last_event_sequence) \
-         UPDATE reservations SET status = 'EXPIRED' FROM a \
-         WHERE reservations.asset_id = a.id AND reservations.status = 'HELD' \
-         RETURNING reservations.*, a.last_event_sequence AS event_sequence",
-    )
-    .bind::<Timestamptz, _>(now)
-    .bind::<Nullable<Text>, _>(asset)
-    .bind::<BigInt, _>(limit)
-    .load::<TransitionRow>(conn)
-    .await
-    .context("expire lapsed holds")?;
+    let sql = if asset.is_some() {
+        expire_sql!("FOR UPDATE")
+    } else {
+        expire_sql!("FOR UPDATE SKIP LOCKED")
+    };
+    let rows = sql_query(sql)
+        .bind::<Timestamptz, _>(now)
+        .bind::<Nullable<Text>, _>(asset)
+        .bind::<BigInt, _>(limit)
+        .load::<TransitionRow>(conn)
+        .await
+        .context("expire lapsed holds")?;
     if rows.is_empty() {
         return Ok(0);
     }
