@@ -177,6 +177,48 @@ fn replay_or_reused(stored: StoredAnswer, idempotency: &Idempotency) -> Result<R
     stored.replay_for(&idempotency.fingerprint).ok_or(())
 }
 
+/// What a conditional write found: its answer, or `None` when the state moved
+/// under it (the row changed, or a concurrent duplicate took the key), so
+/// that the caller reads again.
+fn moved_on_conflict(written: StoreResult<Option<Reply>>) -> StoreResult<Option<Reply>> {
+    match written {
+        Err(e) if is_unique_violation(&e) => Ok(None),
+        other => other,
+    }
+}
+
+/// A reservation's snapshot before any decision.
+enum Found {
+    /// The key already has an answer: its replay, or `Err` when the key
+    /// was used for another request.
+    Answered(Result<Reply, ()>),
+    /// No such reservation, or not one the caller may see.
+    Missing,
+    /// The reservation by its effective status, and the database clock.
+    Reservation(Reservation, Timestamp),
+}
+
+async fn find_reservation<B: Backend>(
+    backend: &B,
+    id: &ReservationId,
+    idempotency: &Idempotency,
+    visible_to: Option<&String>,
+) -> StoreResult<Found> {
+    let snap = backend.reservation_snapshot(id, idempotency).await?;
+    if let Some(stored) = snap.stored {
+        return Ok(Found::Answered(replay_or_reused(stored, idempotency)));
+    }
+    Ok(
+        match snap
+            .row
+            .filter(|r| visible_to.is_none_or(|o| &r.owner == o))
+        {
+            Some(row) => Found::Reservation(row.effective(snap.now), snap.now),
+            None => Found::Missing,
+        },
+    )
+}
+
 fn contention(context: &'static str) -> StoreError {
     StoreError::unavailable(context, "the row kept changing under concurrent requests")
 }
@@ -252,19 +294,13 @@ pub(crate) async fn commit<B: Backend>(
     let mut refunded_before = false;
     let mut late_refused = !req.accept_late;
     for _ in 0..MAX_ATTEMPTS {
-        let snap = backend
-            .reservation_snapshot(&req.reservation_id, &req.idempotency)
-            .await?;
-        if let Some(stored) = snap.stored {
-            return Ok(match replay_or_reused(stored, &req.idempotency) {
-                Ok(reply) => CommitOutcome::Replayed(reply),
-                Err(()) => CommitOutcome::KeyReused,
-            });
-        }
-        let Some(stored) = snap.row else {
-            return Ok(CommitOutcome::NotFound);
-        };
-        let reservation = stored.effective(snap.now);
+        let (reservation, now) =
+            match find_reservation(backend, &req.reservation_id, &req.idempotency, None).await? {
+                Found::Answered(Ok(reply)) => return Ok(CommitOutcome::Replayed(reply)),
+                Found::Answered(Err(())) => return Ok(CommitOutcome::KeyReused),
+                Found::Missing => return Ok(CommitOutcome::NotFound),
+                Found::Reservation(reservation, now) => (reservation, now),
+            };
         let payment = &req.payment_reference;
         match commit_decision(
             reservation.status,
@@ -282,7 +318,7 @@ pub(crate) async fn commit<B: Backend>(
                         if violated_constraint(&e)
                             .is_some_and(|c| c.contains("payment_reference")) =>
                     {
-                        let current = reload(backend, &req.reservation_id, snap.now).await?;
+                        let current = reload(backend, &req.reservation_id, now).await?;
                         return Ok(CommitOutcome::PaymentReferenceUsed(current));
                     }
                     Err(e) if is_unique_violation(&e) => continue,
@@ -290,7 +326,7 @@ pub(crate) async fn commit<B: Backend>(
                 }
             }
             CommitDecision::AlreadyCommittedWithThisPayment => {
-                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                let current = reload(backend, &req.reservation_id, now).await?;
                 return Ok(CommitOutcome::AlreadyCommitted(current));
             }
             CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
@@ -305,7 +341,7 @@ pub(crate) async fn commit<B: Backend>(
                         if violated_constraint(&e)
                             .is_some_and(|c| c.contains("payment_reference")) =>
                     {
-                        let current = reload(backend, &req.reservation_id, snap.now).await?;
+                        let current = reload(backend, &req.reservation_id, now).await?;
                         return Ok(CommitOutcome::PaymentReferenceUsed(current));
                     }
                     Err(e) if is_unique_violation(&e) => {}
@@ -314,7 +350,7 @@ pub(crate) async fn commit<B: Backend>(
             }
             CommitDecision::Refuse(reason) if !refunded_before => {
                 match backend
-                    .refund(&reservation, payment, reason, &req.idempotency, snap.now)
+                    .refund(&reservation, payment, reason, &req.idempotency, now)
                     .await
                 {
                     Ok(RefundWrite::Created(reply)) => {
@@ -330,7 +366,7 @@ pub(crate) async fn commit<B: Backend>(
             CommitDecision::Refuse(reason) => {
                 // This payment was refunded before: answer with that refund,
                 // changing nothing.
-                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                let current = reload(backend, &req.reservation_id, now).await?;
                 let refund = current
                     .refunds
                     .iter()
@@ -355,37 +391,32 @@ pub(crate) async fn release<B: Backend>(
     req: &ReleaseRequest,
 ) -> StoreResult<ReleaseOutcome> {
     for _ in 0..MAX_ATTEMPTS {
-        let snap = backend
-            .reservation_snapshot(&req.reservation_id, &req.idempotency)
-            .await?;
-        if let Some(stored) = snap.stored {
-            return Ok(match replay_or_reused(stored, &req.idempotency) {
-                Ok(reply) => ReleaseOutcome::Replayed(reply),
-                Err(()) => ReleaseOutcome::KeyReused,
-            });
-        }
-        let Some(stored) = snap
-            .row
-            .filter(|r| req.visible_to.as_ref().is_none_or(|o| &r.owner == o))
-        else {
-            return Ok(ReleaseOutcome::NotFound);
+        let (reservation, now) = match find_reservation(
+            backend,
+            &req.reservation_id,
+            &req.idempotency,
+            req.visible_to.as_ref(),
+        )
+        .await?
+        {
+            Found::Answered(Ok(reply)) => return Ok(ReleaseOutcome::Replayed(reply)),
+            Found::Answered(Err(())) => return Ok(ReleaseOutcome::KeyReused),
+            Found::Missing => return Ok(ReleaseOutcome::NotFound),
+            Found::Reservation(reservation, now) => (reservation, now),
         };
-        let reservation = stored.effective(snap.now);
         match release_decision(reservation.status) {
             ReleaseDecision::Release => {
-                match backend.release(&reservation, &req.idempotency).await {
-                    Ok(Some(reply)) => return Ok(ReleaseOutcome::Released(reply)),
-                    Ok(None) => continue,
-                    Err(e) if is_unique_violation(&e) => continue,
-                    Err(e) => return Err(e),
+                let written = backend.release(&reservation, &req.idempotency).await;
+                if let Some(reply) = moved_on_conflict(written)? {
+                    return Ok(ReleaseOutcome::Released(reply));
                 }
             }
             ReleaseDecision::AlreadyReleased => {
-                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                let current = reload(backend, &req.reservation_id, now).await?;
                 return Ok(ReleaseOutcome::AlreadyReleased(current));
             }
             ReleaseDecision::NotActive => {
-                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                let current = reload(backend, &req.reservation_id, now).await?;
                 return Ok(ReleaseOutcome::NotActive(current));
             }
         }
@@ -398,44 +429,38 @@ pub(crate) async fn extend<B: Backend>(
     req: &ExtendRequest,
 ) -> StoreResult<ExtendOutcome> {
     for _ in 0..MAX_ATTEMPTS {
-        let snap = backend
-            .reservation_snapshot(&req.reservation_id, &req.idempotency)
-            .await?;
-        if let Some(stored) = snap.stored {
-            return Ok(match replay_or_reused(stored, &req.idempotency) {
-                Ok(reply) => ExtendOutcome::Replayed(reply),
-                Err(()) => ExtendOutcome::KeyReused,
-            });
-        }
-        let Some(stored) = snap
-            .row
-            .filter(|r| req.visible_to.as_ref().is_none_or(|o| &r.owner == o))
-        else {
-            return Ok(ExtendOutcome::NotFound);
+        let (reservation, now) = match find_reservation(
+            backend,
+            &req.reservation_id,
+            &req.idempotency,
+            req.visible_to.as_ref(),
+        )
+        .await?
+        {
+            Found::Answered(Ok(reply)) => return Ok(ExtendOutcome::Replayed(reply)),
+            Found::Answered(Err(())) => return Ok(ExtendOutcome::KeyReused),
+            Found::Missing => return Ok(ExtendOutcome::NotFound),
+            Found::Reservation(reservation, now) => (reservation, now),
         };
-        let reservation = stored.effective(snap.now);
         if reservation.status != ReservationStatus::Held {
-            let current = reload(backend, &req.reservation_id, snap.now).await?;
+            let current = reload(backend, &req.reservation_id, now).await?;
             return Ok(ExtendOutcome::NotActive(current));
         }
-        let until = snap.now + Duration::seconds(req.hold_seconds);
+        let until = now + Duration::seconds(req.hold_seconds);
         if !extension_allowed(reservation.created_at, until, req.max_total_seconds) {
-            let current = reload(backend, &req.reservation_id, snap.now).await?;
+            let current = reload(backend, &req.reservation_id, now).await?;
             return Ok(ExtendOutcome::LimitReached(current));
         }
-        match backend
+        let written = backend
             .extend(
                 &reservation,
                 req.hold_seconds,
                 req.max_total_seconds,
                 &req.idempotency,
             )
-            .await
-        {
-            Ok(Some(reply)) => return Ok(ExtendOutcome::Extended(reply)),
-            Ok(None) => continue,
-            Err(e) if is_unique_violation(&e) => continue,
-            Err(e) => return Err(e),
+            .await;
+        if let Some(reply) = moved_on_conflict(written)? {
+            return Ok(ExtendOutcome::Extended(reply));
         }
     }
     Err(contention("extend the hold"))
@@ -443,37 +468,28 @@ pub(crate) async fn extend<B: Backend>(
 
 pub(crate) async fn void<B: Backend>(backend: &B, req: &VoidRequest) -> StoreResult<VoidOutcome> {
     for _ in 0..MAX_ATTEMPTS {
-        let snap = backend
-            .reservation_snapshot(&req.reservation_id, &req.idempotency)
-            .await?;
-        if let Some(stored) = snap.stored {
-            return Ok(match replay_or_reused(stored, &req.idempotency) {
-                Ok(reply) => VoidOutcome::Replayed(reply),
-                Err(()) => VoidOutcome::KeyReused,
-            });
-        }
-        let Some(stored) = snap.row else {
-            return Ok(VoidOutcome::NotFound);
-        };
-        let reservation = stored.effective(snap.now);
+        let (reservation, now) =
+            match find_reservation(backend, &req.reservation_id, &req.idempotency, None).await? {
+                Found::Answered(Ok(reply)) => return Ok(VoidOutcome::Replayed(reply)),
+                Found::Answered(Err(())) => return Ok(VoidOutcome::KeyReused),
+                Found::Missing => return Ok(VoidOutcome::NotFound),
+                Found::Reservation(reservation, now) => (reservation, now),
+            };
         match reservation.status {
             ReservationStatus::Committed => {
-                match backend
+                let written = backend
                     .void(&reservation, req.refund, &req.idempotency)
-                    .await
-                {
-                    Ok(Some(reply)) => return Ok(VoidOutcome::Voided(reply)),
-                    Ok(None) => continue,
-                    Err(e) if is_unique_violation(&e) => continue,
-                    Err(e) => return Err(e),
+                    .await;
+                if let Some(reply) = moved_on_conflict(written)? {
+                    return Ok(VoidOutcome::Voided(reply));
                 }
             }
             ReservationStatus::Voided => {
-                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                let current = reload(backend, &req.reservation_id, now).await?;
                 return Ok(VoidOutcome::AlreadyVoided(current));
             }
             _ => {
-                let current = reload(backend, &req.reservation_id, snap.now).await?;
+                let current = reload(backend, &req.reservation_id, now).await?;
                 return Ok(VoidOutcome::NotActive(current));
             }
         }
@@ -542,11 +558,9 @@ pub(crate) async fn complete_refund<B: Backend>(
         if refund.status == RefundStatus::Completed {
             return Ok(CompleteRefundOutcome::AlreadyCompleted(refund));
         }
-        match backend.complete_refund(&refund, &req.idempotency).await {
-            Ok(Some(reply)) => return Ok(CompleteRefundOutcome::Completed(reply)),
-            Ok(None) => continue,
-            Err(e) if is_unique_violation(&e) => continue,
-            Err(e) => return Err(e),
+        let written = backend.complete_refund(&refund, &req.idempotency).await;
+        if let Some(reply) = moved_on_conflict(written)? {
+            return Ok(CompleteRefundOutcome::Completed(reply));
         }
     }
     Err(contention("complete the refund"))
