@@ -241,7 +241,129 @@ async fn the_opening_instant_makes_one_winner(app: TestApp) {
     assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
 }
 
+/// A forced withdrawal racing the payment of the hold it ends, on ten
+/// assets at once: on each, exactly one of them wins, and the loser is told
+/// (409 ASSET_SOLD, or 409 with a refund).
+async fn a_forced_withdrawal_races_the_payment(app: TestApp) {
+    let mut holds = Vec::new();
+    for i in 0..10 {
+        let asset = format!("WR-{i}");
+        app.create_asset(&asset).await;
+        let held = app.hold(&asset, &format!("b-{i}"), 300).await;
+        holds.push((asset, held["reservation_id"].as_str().unwrap().to_owned()));
+    }
+    let results = join_all(holds.iter().map(|(asset, id)| {
+        let app = &app;
+        async move {
+            let (path, force) = (
+                format!("/v1/assets/{asset}/withdraw"),
+                json!({"force": true}),
+            );
+            let (key, payment) = (format!("c-{id}"), format!("pay-{id}"));
+            let withdraw = app.post(&path, None, &force);
+            let commit = app.commit(id, &key, &payment);
+            let (withdrawn, committed) = tokio::join!(withdraw, commit);
+            let w: (u16, Value) = (withdrawn.status().as_u16(), withdrawn.json().await.unwrap());
+            let c: (u16, Value) = (committed.status().as_u16(), committed.json().await.unwrap());
+            (asset.clone(), w, c)
+        }
+    }))
+    .await;
+    for (asset, (ws, wb), (cs, cb)) in &results {
+        let state = app.get_json(&format!("/v1/assets/{asset}")).await;
+        match (ws, cs) {
+            (200, 409) => {
+                assert_eq!(state["status"], "WITHDRAWN", "{asset}");
+                assert_eq!(cb["error_code"], "RESERVATION_NOT_ACTIVE", "{cb}");
+                assert_eq!(cb["refund"]["reason"], "RESERVATION_RELEASED", "{cb}");
+            }
+            (409, 200) => {
+                assert_eq!(state["status"], "SOLD", "{asset}");
+                assert_eq!(wb["error_code"], "ASSET_SOLD", "{wb}");
+            }
+            other => panic!("{asset}: {other:?} {wb} {cb}"),
+        }
+    }
+    assert!(crate::audit::audit(&app).0);
+}
+
+/// Thirty copies of one void, sent at once: one sale voided, one refund,
+/// thirty identical answers.
+async fn thirty_duplicates_of_one_void_act_once(app: TestApp) {
+    app.create_asset("VD-1").await;
+    let held = app.hold("VD-1", "b", 300).await;
+    let id = held["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(app.commit(&id, "c-vd", "pay-vd").await.status(), 200);
+    let answers = join_all((0..30).map(|_| {
+        let (app, id) = (&app, &id);
+        async move {
+            let response = app
+                .post(
+                    &format!("/v1/reservations/{id}/void"),
+                    Some("vd-key"),
+                    &json!({}),
+                )
+                .await;
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
+        }
+    }))
+    .await;
+    for (status, body) in &answers {
+        assert_eq!(*status, 200, "{body}");
+        assert_eq!(body, &answers[0].1);
+    }
+    assert_eq!(answers[0].1["status"], "VOIDED");
+    assert_eq!(app.count("SELECT count(*) FROM refunds").await, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM events WHERE type = 'reservation.voided'")
+            .await,
+        1
+    );
+}
+
+/// An extension racing the release of the same hold: the hold ends
+/// released either way, and an extension answered 200 came first.
+async fn an_extension_races_a_release(app: TestApp) {
+    let mut holds = Vec::new();
+    for i in 0..10 {
+        let asset = format!("ER-{i}");
+        app.create_asset(&asset).await;
+        let held = app.hold(&asset, &format!("b-{i}"), 60).await;
+        holds.push(held["reservation_id"].as_str().unwrap().to_owned());
+    }
+    let results = join_all(holds.iter().map(|id| {
+        let app = &app;
+        async move {
+            let (path, key) = (format!("/v1/reservations/{id}/extend"), format!("e-{id}"));
+            let (body, release_key) = (json!({"hold_seconds": 600}), format!("r-{id}"));
+            let extend = app.post(&path, Some(&key), &body);
+            let release = app.release(id, &release_key);
+            let (extended, released) = tokio::join!(extend, release);
+            let e: (u16, Value) = (extended.status().as_u16(), extended.json().await.unwrap());
+            (id.clone(), e, released.status().as_u16())
+        }
+    }))
+    .await;
+    for (id, (es, eb), rs) in &results {
+        assert_eq!(*rs, 200, "{id}: the release wins or comes second");
+        let current = app.get_json(&format!("/v1/reservations/{id}")).await;
+        assert_eq!(current["status"], "RELEASED");
+        match es {
+            200 => assert_eq!(current["expires_at"], eb["expires_at"], "{id}"),
+            409 => assert_eq!(eb["error_code"], "RESERVATION_NOT_ACTIVE", "{eb}"),
+            other => panic!("{id}: extend answered {other}: {eb}"),
+        }
+    }
+    assert!(crate::audit::audit(&app).0);
+}
+
 backend_tests!(
+    a_forced_withdrawal_races_the_payment,
+    thirty_duplicates_of_one_void_act_once,
+    an_extension_races_a_release,
     the_opening_instant_makes_one_winner,
     concurrent_requests_each_get_their_own_answer,
     a_hundred_buyers_on_one_asset_make_one_winner,
