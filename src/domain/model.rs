@@ -30,6 +30,12 @@ macro_rules! text_enum {
                     _ => None,
                 }
             }
+
+            /// Parses `s`, or says which values there are.
+            pub fn parse_or_list(s: &str) -> Result<Self, String> {
+                Self::parse(s)
+                    .ok_or_else(|| format!("must be one of {}", [$($text),+].join(", ")))
+            }
         }
 
         impl std::fmt::Display for $name {

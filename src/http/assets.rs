@@ -312,12 +312,7 @@ pub async fn list_assets(
             query
                 .status
                 .as_deref()
-                .map(|s| {
-                    AssetStatus::parse(s).ok_or_else(|| {
-                        let all: Vec<&str> = AssetStatus::ALL.iter().map(|s| s.as_str()).collect();
-                        format!("must be one of {}", all.join(", "))
-                    })
-                })
+                .map(AssetStatus::parse_or_list)
                 .transpose(),
         )
         .flatten();

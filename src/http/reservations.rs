@@ -552,13 +552,7 @@ pub async fn list_reservations(
             query
                 .status
                 .as_deref()
-                .map(|s| {
-                    ReservationStatus::parse(s).ok_or_else(|| {
-                        let all: Vec<&str> =
-                            ReservationStatus::ALL.iter().map(|s| s.as_str()).collect();
-                        format!("must be one of {}", all.join(", "))
-                    })
-                })
+                .map(ReservationStatus::parse_or_list)
                 .transpose(),
         )
         .flatten();
