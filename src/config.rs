@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::domain::HoldBounds;
-use crate::http::access::KeyRing;
+use crate::keys::KeyRing;
 use crate::store::StoreSettings;
 
 /// Every setting of the service. Each flag has a `HOLDFAST_*` variable.

@@ -7,6 +7,7 @@ pub mod config;
 pub mod domain;
 pub mod http;
 pub mod janitor;
+pub mod keys;
 pub mod outbox;
 pub mod reply;
 pub mod store;
@@ -62,7 +63,6 @@ impl Application {
         } else {
             tracing::info!(keys = keys.len(), "API keys configured");
         }
-        let guard = web::Data::new(http::access::Guard::new(keys, config.rate_limit()));
         // The recorder first: connections take their metric handles when opened.
         crate::telemetry::metrics();
         let store = Store::open(&config).await?;
@@ -81,6 +81,7 @@ impl Application {
             })?
             .port();
         let api = http::openapi();
+        let guard = web::Data::new(http::access::Guard::new(keys, config.rate_limit(), &api));
         let routes = web::Data::new(RouteTable::from_openapi(&api));
         let mut workers = Vec::new();
         if let Some(every) = config.janitor_interval() {

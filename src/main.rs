@@ -163,11 +163,11 @@ async fn run(cli: Cli) -> Result<(), String> {
         Command::Keys {
             command: KeysCommand::New { name, role },
         } => {
-            let role = holdfast::http::access::Role::parse(&role)
+            let role = holdfast::keys::Role::parse(&role)
                 .ok_or_else(|| format!("role {role:?} is not admin, storefront or payments"))?;
-            let (token, entry) = holdfast::http::access::new_key(&name, role)?;
+            let (token, entry) = holdfast::keys::new_key(&name, role)?;
             // The entry alone must parse: names are checked here as at start.
-            holdfast::http::access::KeyRing::parse(&entry)?;
+            holdfast::keys::KeyRing::parse(&entry)?;
             println!("token (give it to the client; it is not shown again):\n  {token}\n");
             println!("entry (add it to HOLDFAST_API_KEYS or HOLDFAST_API_KEYS_FILE):\n  {entry}");
             Ok(())

@@ -81,6 +81,7 @@ error_codes! {
     ReservationNotFound => 404, "RESERVATION_NOT_FOUND";
     RefundNotFound => 404, "REFUND_NOT_FOUND";
     EventNotFound => 404, "EVENT_NOT_FOUND";
+    PaymentNotFound => 404, "PAYMENT_NOT_FOUND";
     MethodNotAllowed => 405, "METHOD_NOT_ALLOWED";
     AssetExists => 409, "ASSET_EXISTS";
     AssetUnavailable => 409, "ASSET_UNAVAILABLE";

@@ -8,6 +8,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::access::Caller;
 use super::error::{respond, ApiError};
 use super::extract::{page_limit, JsonBody, Validator};
 use super::AppState;
@@ -97,6 +98,7 @@ fn parse_name(name: &str) -> Result<String, String> {
 )]
 #[post("/v1/assets")]
 pub async fn create_asset(
+    _caller: Caller,
     state: web::Data<AppState>,
     body: JsonBody<CreateAssetRequest>,
 ) -> Result<HttpResponse, ApiError> {
@@ -137,6 +139,7 @@ pub async fn create_asset(
 )]
 #[patch("/v1/assets/{asset_id}")]
 pub async fn update_asset(
+    _caller: Caller,
     state: web::Data<AppState>,
     path: web::Path<String>,
     body: JsonBody<UpdateAssetRequest>,
@@ -181,6 +184,7 @@ const REINSTATEMENTS: &str = "holdfast_reinstatements_total";
 )]
 #[post("/v1/assets/{asset_id}/withdraw")]
 pub async fn withdraw_asset(
+    _caller: Caller,
     state: web::Data<AppState>,
     path: web::Path<String>,
     body: JsonBody<WithdrawAssetRequest, true>,
@@ -225,6 +229,7 @@ pub async fn withdraw_asset(
 )]
 #[post("/v1/assets/{asset_id}/reinstate")]
 pub async fn reinstate_asset(
+    _caller: Caller,
     state: web::Data<AppState>,
     path: web::Path<String>,
     _body: JsonBody<ReinstateAssetRequest, true>,
@@ -258,6 +263,7 @@ pub async fn reinstate_asset(
 )]
 #[get("/v1/assets/{asset_id}")]
 pub async fn get_asset(
+    _caller: Caller,
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
@@ -302,6 +308,7 @@ const LIMIT_DEFAULT: i64 = 50;
 )]
 #[get("/v1/assets")]
 pub async fn list_assets(
+    _caller: Caller,
     state: web::Data<AppState>,
     query: web::Query<ListAssetsQuery>,
 ) -> Result<HttpResponse, ApiError> {
@@ -374,7 +381,10 @@ pub struct AssetCounts {
     )
 )]
 #[get("/v1/asset-counts")]
-pub async fn count_assets(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn count_assets(
+    _caller: Caller,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let mut counts: BTreeMap<String, i64> = AssetStatus::ALL
         .iter()
         .map(|status| (status.as_str().to_owned(), 0))
@@ -403,6 +413,7 @@ pub struct EventList {
 )]
 #[get("/v1/assets/{asset_id}/events")]
 pub async fn list_asset_events(
+    _caller: Caller,
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {

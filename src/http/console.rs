@@ -7,6 +7,8 @@
 use actix_web::http::header;
 use actix_web::{get, HttpResponse};
 
+use super::access::Caller;
+
 const PAGE: &str = include_str!("../../console/index.html");
 const STYLESHEET: &str = include_str!("../../console/console.css");
 const SCRIPT: &str = include_str!("../../console/console.js");
@@ -16,9 +18,6 @@ const SCRIPT: &str = include_str!("../../console/console.js");
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
      style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
      base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
-
-/// The operationIds of the console's files, which browsers open directly.
-pub const OPERATIONS: [&str; 3] = ["get_console", "get_console_css", "get_console_js"];
 
 fn file(content_type: &'static str, body: &'static str) -> HttpResponse {
     HttpResponse::Ok()
@@ -47,7 +46,7 @@ fn file(content_type: &'static str, body: &'static str) -> HttpResponse {
         )))
 )]
 #[get("/console")]
-pub async fn get_console() -> HttpResponse {
+pub async fn get_console(_caller: Caller) -> HttpResponse {
     file("text/html; charset=utf-8", PAGE)
 }
 
@@ -62,7 +61,7 @@ pub async fn get_console() -> HttpResponse {
         )))
 )]
 #[get("/console/console.css")]
-pub async fn get_console_css() -> HttpResponse {
+pub async fn get_console_css(_caller: Caller) -> HttpResponse {
     file("text/css; charset=utf-8", STYLESHEET)
 }
 
@@ -77,7 +76,7 @@ pub async fn get_console_css() -> HttpResponse {
         )))
 )]
 #[get("/console/console.js")]
-pub async fn get_console_js() -> HttpResponse {
+pub async fn get_console_js(_caller: Caller) -> HttpResponse {
     file("text/javascript; charset=utf-8", SCRIPT)
 }
 

@@ -11,8 +11,8 @@ use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, SchemaType, T
 use utoipa::openapi::{OpenApi, Ref, RefOr};
 use utoipa::IntoParams;
 
-use super::access::{self, Rule};
 use super::error::PROBLEM_JSON;
+use super::operations::{self, Rule};
 use crate::domain::{AssetStatus, FieldError};
 use crate::reply::{self, ErrorCode, Problem};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
@@ -36,122 +36,6 @@ pub struct IdempotencyKeyParam {
 }
 
 use ErrorCode::*;
-
-const BODY: &[(u16, &[ErrorCode])] = &[
-    (400, &[MalformedJson]),
-    (413, &[PayloadTooLarge]),
-    (415, &[UnsupportedMediaType]),
-];
-const KEYED_BODY: &[(u16, &[ErrorCode])] = &[
-    (400, &[MalformedJson, IdempotencyKeyInvalid]),
-    (413, &[PayloadTooLarge]),
-    (415, &[UnsupportedMediaType]),
-    (422, &[ValidationFailed, IdempotencyKeyReused]),
-];
-const DATABASE: &[(u16, &[ErrorCode])] = &[(503, &[ServiceUnavailable])];
-const GUARDED: &[(u16, &[ErrorCode])] = &[
-    (401, &[Unauthenticated]),
-    (403, &[Forbidden]),
-    (429, &[RateLimited]),
-];
-
-/// The problems each operation can answer, by status.
-fn problems(operation_id: &str) -> Vec<(u16, &'static [ErrorCode])> {
-    let own: &[(u16, &[ErrorCode])] = match operation_id {
-        "create_asset" => &[(409, &[AssetExists]), (422, &[ValidationFailed])],
-        "get_asset" | "list_asset_events" => &[(404, &[AssetNotFound])],
-        "update_asset" | "reinstate_asset" => {
-            &[(404, &[AssetNotFound]), (422, &[ValidationFailed])]
-        }
-        "withdraw_asset" => &[
-            (404, &[AssetNotFound]),
-            (409, &[AssetHeld, AssetSold]),
-            (422, &[ValidationFailed]),
-        ],
-        "list_assets" => &[(422, &[ValidationFailed])],
-        "hold_asset" => &[
-            (404, &[AssetNotFound]),
-            (
-                409,
-                &[
-                    AssetUnavailable,
-                    SaleNotOpen,
-                    HoldLimitReached,
-                    IdempotencyKeyInUse,
-                ],
-            ),
-        ],
-        "get_reservation" => &[(404, &[ReservationNotFound])],
-        "commit_reservation" => &[
-            (404, &[ReservationNotFound]),
-            (
-                409,
-                &[
-                    HoldExpired,
-                    ReservationNotActive,
-                    AlreadyCommitted,
-                    PaymentReferenceUsed,
-                    IdempotencyKeyInUse,
-                ],
-            ),
-        ],
-        "extend_reservation" => &[
-            (404, &[ReservationNotFound]),
-            (
-                409,
-                &[
-                    ReservationNotActive,
-                    HoldExtensionLimit,
-                    IdempotencyKeyInUse,
-                ],
-            ),
-        ],
-        "void_reservation" => &[
-            (404, &[ReservationNotFound]),
-            (409, &[ReservationNotActive, IdempotencyKeyInUse]),
-        ],
-        "list_reservations" => &[(422, &[ValidationFailed])],
-        "release_reservation" => &[
-            (404, &[ReservationNotFound]),
-            (409, &[ReservationNotActive, IdempotencyKeyInUse]),
-        ],
-        "get_readiness" | "count_assets" => &[],
-        "get_console" | "get_console_css" | "get_console_js" => &[],
-        "list_events" | "list_dead_events" | "list_refunds" => &[(422, &[ValidationFailed])],
-        "redeliver_event" => &[(404, &[EventNotFound])],
-        "complete_refund" => &[(404, &[RefundNotFound]), (409, &[IdempotencyKeyInUse])],
-        _ => return Vec::new(),
-    };
-    let body: &[(u16, &[ErrorCode])] = match operation_id {
-        "create_asset" | "update_asset" | "withdraw_asset" | "reinstate_asset" => BODY,
-        "hold_asset"
-        | "commit_reservation"
-        | "release_reservation"
-        | "complete_refund"
-        | "extend_reservation"
-        | "void_reservation" => KEYED_BODY,
-        _ => &[],
-    };
-    let guarded: &[(u16, &[ErrorCode])] = match access::rule(operation_id) {
-        Some(Rule::Roles(_)) => GUARDED,
-        _ => &[],
-    };
-    // The console's files are in the binary: no database involved.
-    let database: &[(u16, &[ErrorCode])] = if super::console::OPERATIONS.contains(&operation_id) {
-        &[]
-    } else {
-        DATABASE
-    };
-    let mut all: Vec<(u16, &'static [ErrorCode])> = own
-        .iter()
-        .chain(body)
-        .chain(guarded)
-        .chain(database)
-        .copied()
-        .collect();
-    all.sort_by_key(|(status, _)| *status);
-    all
-}
 
 /// An example body for `code`, rendered by the code that sends it.
 fn example(code: ErrorCode) -> Value {
@@ -201,7 +85,8 @@ pub fn describe(code: ErrorCode) -> &'static str {
         HoldExpired => "The hold lapsed before the commit; the payment is refunded (see refund).",
         ReservationNotActive => "The reservation is released, committed or expired; a payment carried is refunded (see refund).",
         AlreadyCommitted => "Committed before with another payment; this payment is refunded (see refund).",
-        PaymentReferenceUsed => "This payment_reference already committed another reservation.",
+        PaymentReferenceUsed => "This payment_reference already has its one fate through another reservation (it bought it, or was refunded): nothing changed and no refund; see payment.",
+        PaymentNotFound => "No payment with this reference reached holdfast.",
         IdempotencyKeyInUse => "A request with this key is still running; retry shortly.",
         HoldLimitReached => "The buyer already has the maximum of live holds.",
         SaleNotOpen => "The asset's sale has not opened yet; see available_from.",
@@ -241,7 +126,10 @@ fn add_problems(operation: &mut Operation) {
     let Some(id) = operation.operation_id.clone() else {
         return;
     };
-    for (status, codes) in problems(&id) {
+    let Some(op) = operations::find(&id) else {
+        return;
+    };
+    for (status, codes) in op.all_problems() {
         let narrowed = ObjectBuilder::new()
             .schema_type(SchemaType::Type(Type::Object))
             .property(
@@ -266,7 +154,7 @@ fn add_problems(operation: &mut Operation) {
             PROBLEM_JSON,
             ContentBuilder::new()
                 .schema(Some(schema))
-                .example(Some(example(codes[0])))
+                .example(codes.first().map(|c| example(*c)))
                 .build(),
         );
         if status == 503 || status == 429 {
@@ -283,7 +171,7 @@ fn add_problems(operation: &mut Operation) {
             .responses
             .insert(status.to_string(), RefOr::T(response.build()));
     }
-    if let Some(Rule::Roles(roles)) = access::rule(&id) {
+    if let Rule::Roles(roles) = op.rule {
         operation.security = Some(vec![
             SecurityRequirement::new(BEARER, Vec::<String>::new()),
             SecurityRequirement::new(BASIC, Vec::<String>::new()),
@@ -346,15 +234,5 @@ mod tests {
         for code in ErrorCode::ALL {
             assert_eq!(example(*code)["error_code"], code.as_str());
         }
-    }
-
-    #[test]
-    fn keyed_operations_document_the_key_errors() {
-        let hold = problems("hold_asset");
-        assert!(hold
-            .iter()
-            .any(|(s, c)| *s == 400 && c.contains(&IdempotencyKeyInvalid)));
-        assert!(hold.iter().any(|(s, _)| *s == 503));
-        assert!(problems("nope").is_empty());
     }
 }

@@ -21,6 +21,10 @@ pub enum ApiError {
     Store(#[from] StoreError),
     #[error("rate limited for {retry_after} s")]
     Limited { retry_after: u64 },
+    /// No valid API key; `page` when a browser opened a console page, whose
+    /// challenge invites HTTP Basic.
+    #[error("unauthenticated")]
+    Unauthenticated { page: bool },
 }
 
 impl From<Problem> for ApiError {
@@ -44,41 +48,51 @@ impl ResponseError for ApiError {
             ApiError::Store(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unauthenticated { .. } => StatusCode::UNAUTHORIZED,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
-        if let ApiError::Limited { retry_after } = self {
-            let mut response = respond(
-                Problem::new(
-                    ErrorCode::RateLimited,
-                    "Too many requests from this client; see Retry-After.",
-                )
-                .into_reply(),
-            );
-            if let Ok(value) = HeaderValue::from_str(&retry_after.to_string()) {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
-            return response;
-        }
-        let problem = match self {
-            ApiError::Problem(p) => p.clone(),
+        match self {
+            ApiError::Problem(p) => respond(p.clone().into_reply()),
             ApiError::Store(e) if e.is_unavailable() => {
                 metrics::counter!("holdfast_db_errors_total", "kind" => e.kind()).increment(1);
                 tracing::warn!(error = %e, "database unavailable");
-                reply::service_unavailable()
+                respond(reply::service_unavailable().into_reply())
             }
             ApiError::Store(e) => {
                 metrics::counter!("holdfast_db_errors_total", "kind" => e.kind()).increment(1);
                 tracing::error!(error = %error_chain(e), "request failed");
-                Problem::new(
+                let problem = Problem::new(
                     ErrorCode::Internal,
                     "An internal error occurred; nothing about it is shown here.",
-                )
+                );
+                respond(problem.into_reply())
             }
-            ApiError::Limited { .. } => Problem::new(ErrorCode::RateLimited, "Too many requests."),
-        };
-        respond(problem.into_reply())
+            ApiError::Limited { retry_after } => {
+                let mut response = respond(
+                    Problem::new(
+                        ErrorCode::RateLimited,
+                        "Too many requests from this client; see Retry-After.",
+                    )
+                    .into_reply(),
+                );
+                if let Ok(value) = HeaderValue::from_str(&retry_after.to_string()) {
+                    response.headers_mut().insert(header::RETRY_AFTER, value);
+                }
+                response
+            }
+            ApiError::Unauthenticated { page } => {
+                let message = if *page {
+                    "Sign in with an API key as the password (any user name), \
+                     or send Authorization: Bearer <token>."
+                } else {
+                    "Send a valid API key as Authorization: Bearer <token>."
+                };
+                let reply = Problem::new(ErrorCode::Unauthenticated, message).into_reply();
+                super::access::challenged(respond(reply), *page)
+            }
+        }
     }
 }
 

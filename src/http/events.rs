@@ -6,6 +6,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::access::Caller;
 use super::error::{respond, ApiError};
 use super::extract::{page_limit, Validator};
 use super::AppState;
@@ -89,6 +90,7 @@ fn page(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
 )]
 #[get("/v1/events")]
 pub async fn list_events(
+    _caller: Caller,
     state: web::Data<AppState>,
     query: web::Query<FeedQuery>,
 ) -> Result<HttpResponse, ApiError> {
@@ -105,6 +107,7 @@ pub async fn list_events(
 )]
 #[get("/v1/events/dead")]
 pub async fn list_dead_events(
+    _caller: Caller,
     state: web::Data<AppState>,
     query: web::Query<FeedQuery>,
 ) -> Result<HttpResponse, ApiError> {
@@ -121,6 +124,7 @@ pub async fn list_dead_events(
 )]
 #[post("/v1/events/{event_id}/redeliver")]
 pub async fn redeliver_event(
+    _caller: Caller,
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {

@@ -39,22 +39,6 @@ impl FromRequest for IdempotencyKeyHeader {
     }
 }
 
-/// Who is calling, as the guard found it (open mode: one shared caller).
-impl FromRequest for Caller {
-    type Error = ApiError;
-    type Future = std::future::Ready<Result<Self, ApiError>>;
-
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        use actix_web::HttpMessage;
-        let caller = req
-            .extensions()
-            .get::<Caller>()
-            .cloned()
-            .unwrap_or_else(Caller::open);
-        std::future::ready(Ok(caller))
-    }
-}
-
 /// Idempotency keys are scoped by the caller's key name.
 impl Caller {
     /// Binds the key to this exact request: method, route, path parameters

@@ -26,7 +26,7 @@ pub struct Health {
     responses((status = 200, description = "Alive", body = Health))
 )]
 #[get("/healthz")]
-pub async fn healthz() -> HttpResponse {
+pub async fn get_health() -> HttpResponse {
     respond(Reply::json(200, &Health { status: "ok" }))
 }
 
@@ -39,7 +39,7 @@ pub async fn healthz() -> HttpResponse {
     )
 )]
 #[get("/readyz")]
-pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn get_readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     match tokio::time::timeout(READY_TIMEOUT, state.store.ping()).await {
         Ok(Ok(())) => Ok(respond(Reply::json(200, &Health { status: "ready" }))),
         Ok(Err(e)) => {

@@ -10,6 +10,7 @@ mod events;
 mod extract;
 mod health;
 mod observe;
+pub mod operations;
 mod refunds;
 mod reservations;
 
@@ -121,8 +122,8 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(events::redeliver_event)
         .service(refunds::list_refunds)
         .service(refunds::complete_refund)
-        .service(health::healthz)
-        .service(health::readyz)
+        .service(health::get_health)
+        .service(health::get_readiness)
         .service(get_openapi)
         .service(get_docs)
         .service(get_metrics)
@@ -256,9 +257,8 @@ async fn get_docs() -> HttpResponse {
         .finish()
 }
 
-/// Known paths, their methods and operations: for 405 with `Allow`, and for
-/// the access rules. Asked on every request, so matched segment by segment
-/// rather than by regular expression.
+/// Known paths and their methods, for the `Allow` header of a 405. Access
+/// and metrics never consult it: they follow the route actix matched.
 pub struct RouteTable {
     routes: Vec<(PathPattern, Vec<(Method, String)>)>,
 }
@@ -285,35 +285,18 @@ impl RouteTable {
             .find(|(pattern, _)| pattern.matches(path))
             .map(|(_, m)| m.as_slice())
     }
-
-    /// The path template `path` matches, as the document writes it.
-    pub fn template(&self, path: &str) -> Option<&str> {
-        self.routes
-            .iter()
-            .find(|(pattern, _)| pattern.matches(path))
-            .map(|(pattern, _)| pattern.template())
-    }
-
-    /// The operationId serving `method` on `path`, if any.
-    pub fn operation(&self, method: &Method, path: &str) -> Option<&str> {
-        self.route(path)?
-            .iter()
-            .find(|(m, _)| m == method)
-            .map(|(_, id)| id.as_str())
-    }
 }
 
 /// An OpenAPI path template: literal segments and `{parameter}` segments,
 /// each parameter matching one non-empty segment; or a literal prefix.
 enum PathPattern {
-    Segments(String, Vec<Option<String>>),
+    Segments(Vec<Option<String>>),
     Prefix(&'static str),
 }
 
 impl PathPattern {
     fn new(template: &str) -> Self {
         PathPattern::Segments(
-            template.to_owned(),
             template
                 .split('/')
                 .map(|s| (!(s.starts_with('{') && s.ends_with('}'))).then(|| s.to_owned()))
@@ -325,17 +308,10 @@ impl PathPattern {
         PathPattern::Prefix(prefix)
     }
 
-    fn template(&self) -> &str {
-        match self {
-            PathPattern::Segments(template, _) => template,
-            PathPattern::Prefix(prefix) => prefix,
-        }
-    }
-
     fn matches(&self, path: &str) -> bool {
         match self {
             PathPattern::Prefix(prefix) => path.starts_with(prefix),
-            PathPattern::Segments(_, segments) => {
+            PathPattern::Segments(segments) => {
                 let mut parts = path.split('/');
                 segments
                     .iter()
@@ -364,7 +340,8 @@ fn operations(item: &PathItem) -> Vec<(Method, String)> {
 }
 
 async fn fallback(req: HttpRequest, routes: web::Data<RouteTable>) -> HttpResponse {
-    match routes.route(req.path()) {
+    // The path as actix routes it (percent-decoded), not as it was sent.
+    match routes.route(req.match_info().as_str()) {
         Some(methods) => {
             let allow = methods
                 .iter()

@@ -7,10 +7,9 @@ use std::time::Instant;
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::http::Method;
 use actix_web::middleware::Next;
-use actix_web::web;
 
-use super::RouteTable;
 use tracing::Instrument;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -21,6 +20,25 @@ fn sane(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// The method as a metric label: the methods HTTP defines, else `other`.
+fn method_label(method: &Method) -> &'static str {
+    const KNOWN: [(Method, &str); 9] = [
+        (Method::GET, "GET"),
+        (Method::HEAD, "HEAD"),
+        (Method::POST, "POST"),
+        (Method::PUT, "PUT"),
+        (Method::PATCH, "PATCH"),
+        (Method::DELETE, "DELETE"),
+        (Method::OPTIONS, "OPTIONS"),
+        (Method::CONNECT, "CONNECT"),
+        (Method::TRACE, "TRACE"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(m, _)| m == method)
+        .map_or("other", |(_, label)| label)
 }
 
 fn status_class(status: u16) -> &'static str {
@@ -44,7 +62,7 @@ pub async fn observe(
         .and_then(|v| v.to_str().ok())
         .filter(|id| sane(id))
         .map_or_else(|| ulid::Ulid::new().to_string(), str::to_owned);
-    let method = req.method().clone();
+    let method = method_label(req.method());
     let span = tracing::info_span!(
         "request",
         request_id = %request_id,
@@ -55,21 +73,19 @@ pub async fn observe(
         idempotency_key = tracing::field::Empty,
     );
     let mut response = next.call(req).instrument(span.clone()).await?;
-    // The documented path template; unknown paths share one label, so the
-    // label set stays bounded.
+    // The pattern of the route actix matched; unknown paths share one
+    // label, as unknown methods do, so the label set stays bounded.
     let route = response
         .request()
-        .app_data::<web::Data<RouteTable>>()
-        .and_then(|routes| routes.template(response.request().path()))
-        .unwrap_or("unmatched")
-        .to_owned();
+        .match_pattern()
+        .unwrap_or_else(|| "unmatched".to_owned());
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
     span.record("route", route.as_str());
     metrics::histogram!(
         "holdfast_http_requests_duration_seconds",
         "route" => route,
-        "method" => method.to_string(),
+        "method" => method,
         "status" => status_class(status),
     )
     .record(elapsed.as_secs_f64());
@@ -98,6 +114,13 @@ mod tests {
         assert!(!sane("has space"));
         assert!(!sane("newline\n"));
         assert!(!sane(&"x".repeat(129)));
+    }
+
+    #[test]
+    fn unknown_methods_share_one_label() {
+        assert_eq!(method_label(&Method::POST), "POST");
+        let made_up = Method::from_bytes(b"BREW").unwrap();
+        assert_eq!(method_label(&made_up), "other");
     }
 
     #[test]

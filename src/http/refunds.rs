@@ -50,6 +50,7 @@ const LIMIT_DEFAULT: i64 = 50;
 )]
 #[get("/v1/refunds")]
 pub async fn list_refunds(
+    _caller: Caller,
     state: web::Data<AppState>,
     query: web::Query<ListRefundsQuery>,
 ) -> Result<HttpResponse, ApiError> {
@@ -121,9 +122,9 @@ pub async fn list_refunds(
 )]
 #[post("/v1/refunds/{refund_id}/complete")]
 pub async fn complete_refund(
+    caller: Caller,
     state: web::Data<AppState>,
     req: HttpRequest,
-    caller: Caller,
     key: IdempotencyKeyHeader,
     path: web::Path<String>,
     body: JsonBody<CompleteRefundBody, true>,

@@ -83,9 +83,9 @@ fn reservation_id(path: &str) -> Result<ReservationId, ApiError> {
 )]
 #[post("/v1/assets/{asset_id}/reservations")]
 pub async fn hold_asset(
+    caller: Caller,
     state: web::Data<AppState>,
     req: HttpRequest,
-    caller: Caller,
     key: IdempotencyKeyHeader,
     path: web::Path<String>,
     body: JsonBody<HoldAssetRequest>,
@@ -163,8 +163,8 @@ pub async fn hold_asset(
 )]
 #[get("/v1/reservations/{reservation_id}")]
 pub async fn get_reservation(
-    state: web::Data<AppState>,
     caller: Caller,
+    state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = reservation_id(&path)?;
@@ -195,9 +195,9 @@ pub async fn get_reservation(
 )]
 #[post("/v1/reservations/{reservation_id}/commit")]
 pub async fn commit_reservation(
+    caller: Caller,
     state: web::Data<AppState>,
     req: HttpRequest,
-    caller: Caller,
     key: IdempotencyKeyHeader,
     path: web::Path<String>,
     body: JsonBody<CommitReservationRequest>,
@@ -276,9 +276,9 @@ pub async fn commit_reservation(
 )]
 #[post("/v1/reservations/{reservation_id}/release")]
 pub async fn release_reservation(
+    caller: Caller,
     state: web::Data<AppState>,
     req: HttpRequest,
-    caller: Caller,
     key: IdempotencyKeyHeader,
     path: web::Path<String>,
     body: JsonBody<ReleaseReservationRequest, true>,
@@ -347,9 +347,9 @@ pub struct ExtendReservationRequest {
 )]
 #[post("/v1/reservations/{reservation_id}/extend")]
 pub async fn extend_reservation(
+    caller: Caller,
     state: web::Data<AppState>,
     req: HttpRequest,
-    caller: Caller,
     key: IdempotencyKeyHeader,
     path: web::Path<String>,
     body: JsonBody<ExtendReservationRequest>,
@@ -444,9 +444,9 @@ fn yes() -> bool {
 )]
 #[post("/v1/reservations/{reservation_id}/void")]
 pub async fn void_reservation(
+    caller: Caller,
     state: web::Data<AppState>,
     req: HttpRequest,
-    caller: Caller,
     key: IdempotencyKeyHeader,
     path: web::Path<String>,
     body: JsonBody<VoidReservationRequest, true>,
@@ -520,8 +520,8 @@ pub struct ReservationList {
 )]
 #[get("/v1/reservations")]
 pub async fn list_reservations(
-    state: web::Data<AppState>,
     caller: Caller,
+    state: web::Data<AppState>,
     query: web::Query<ListReservationsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     const LIMIT_DEFAULT: i64 = 50;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use holdfast::config::Secret;
-use holdfast::http::access::{new_key, Role};
+use holdfast::keys::{new_key, Role};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -553,7 +553,7 @@ fn keys_new_prints_a_token_and_its_entry() {
         .find(|l| l.trim().starts_with("shop-9:storefront:"))
         .unwrap()
         .trim();
-    let ring = holdfast::http::access::KeyRing::parse(entry).unwrap();
+    let ring = holdfast::keys::KeyRing::parse(entry).unwrap();
     assert_eq!(ring.authenticate(token).unwrap().name, "shop-9");
 }
 
@@ -634,4 +634,467 @@ async fn tokens_never_reach_the_log() {
         "an Authorization header reached the log"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Spellings of one path that reach the server as written: each letter or
+/// digit percent-encoded in turn per segment, doubled and trailing slashes,
+/// `.` and `..` segments, upper case. Whatever route actix finds for each,
+/// that route's own rules apply.
+fn spellings(path: &str) -> Vec<String> {
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    let join = |parts: &[String]| format!("/{}", parts.join("/"));
+    let mut out = vec![path.to_owned()];
+    for (i, segment) in segments.iter().enumerate() {
+        let mut parts: Vec<String> = segments.iter().map(|s| s.to_string()).collect();
+        // The first letter or digit, then every character, percent-encoded.
+        if let Some(pos) = segment.find(|c: char| c.is_ascii_alphanumeric()) {
+            let c = segment.as_bytes()[pos];
+            parts[i] = format!("{}%{:02X}{}", &segment[..pos], c, &segment[pos + 1..]);
+            out.push(join(&parts));
+            parts[i] = format!("{}%{:02x}{}", &segment[..pos], c, &segment[pos + 1..]);
+            out.push(join(&parts));
+        }
+        parts[i] = segment.bytes().map(|b| format!("%{b:02X}")).collect();
+        out.push(join(&parts));
+        // A doubled slash before this segment, and `.`/`..` around it.
+        let mut doubled: Vec<String> = segments.iter().map(|s| s.to_string()).collect();
+        doubled.insert(i, String::new());
+        out.push(join(&doubled));
+        let mut dot: Vec<String> = segments.iter().map(|s| s.to_string()).collect();
+        dot.insert(i, ".".into());
+        out.push(join(&dot));
+        let mut dotdot: Vec<String> = segments.iter().map(|s| s.to_string()).collect();
+        dotdot.insert(i, "..".into());
+        dotdot.insert(i, "x".into());
+        out.push(join(&dotdot));
+        let mut upper: Vec<String> = segments.iter().map(|s| s.to_string()).collect();
+        upper[i] = segment.to_uppercase();
+        out.push(join(&upper));
+    }
+    out.push(format!("{path}/"));
+    out.push(format!("/{path}"));
+    out.push(path.to_uppercase());
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// What the matrix acts on: an available asset, a live hold, a refund and an
+/// event, so that a request let through by mistake would succeed.
+struct Fixture {
+    asset: String,
+    reservation: String,
+    refund: String,
+    event: String,
+    payment: String,
+}
+
+async fn fixture(app: &TestApp, keys: &Keys) -> Fixture {
+    let admin = Some(keys.admin.as_str());
+    for id in ["ACL-A", "ACL-B", "ACL-C"] {
+        let created = call(
+            app,
+            Method::POST,
+            "/v1/assets",
+            admin,
+            Some(json!({"id": id, "name": id})),
+        )
+        .await;
+        assert_eq!(created.status(), 201);
+    }
+    let hold = |asset: &'static str| async move {
+        let r = call(
+            app,
+            Method::POST,
+            &format!("/v1/assets/{asset}/reservations"),
+            admin,
+            Some(json!({"buyer_id": "acl-buyer", "hold_seconds": 3600})),
+        )
+        .await;
+        assert_eq!(r.status(), 201);
+        r.json::<Value>().await.unwrap()["reservation_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let reservation = hold("ACL-B").await;
+    let released = hold("ACL-C").await;
+    let path = format!("/v1/reservations/{released}");
+    assert_eq!(
+        call(
+            app,
+            Method::POST,
+            &format!("{path}/release"),
+            admin,
+            Some(json!({}))
+        )
+        .await
+        .status(),
+        200
+    );
+    let refused: Value = call(
+        app,
+        Method::POST,
+        &format!("{path}/commit"),
+        admin,
+        Some(json!({"payment_reference": "acl-refunded"})),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let refund = refused["refund"]["refund_id"].as_str().unwrap().to_owned();
+    let events: Value = call(app, Method::GET, "/v1/assets/ACL-B/events", admin, None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let event = events["items"][0]["id"].as_str().unwrap().to_owned();
+    Fixture {
+        asset: "ACL-A".into(),
+        reservation,
+        refund,
+        event,
+        payment: "acl-refunded".into(),
+    }
+}
+
+impl Fixture {
+    fn path(&self, template: &str) -> String {
+        template
+            .replace("{asset_id}", &self.asset)
+            .replace("{reservation_id}", &self.reservation)
+            .replace("{refund_id}", &self.refund)
+            .replace("{event_id}", &self.event)
+            .replace("{payment_reference}", &self.payment)
+    }
+
+    /// A body the operation would accept, so that only the guard stands
+    /// between a request and its effect.
+    fn body(&self, operation: &str, who: &str) -> Value {
+        match operation {
+            "create_asset" => {
+                json!({"id": format!("ACL-{who}-{}", ulid::Ulid::new()), "name": "x"})
+            }
+            "hold_asset" => json!({"buyer_id": "intruder"}),
+            "commit_reservation" => json!({"payment_reference": "intruder-pay"}),
+            "extend_reservation" => json!({"hold_seconds": 60}),
+            "update_asset" => json!({"available_from": null}),
+            _ => json!({}),
+        }
+    }
+}
+
+/// Every operation of the document, every caller, every spelling of its
+/// path: nobody without a key gets past 401, and no role outside an
+/// operation's rule gets a 2xx or a 409, however the path is written.
+async fn no_spelling_skips_the_keys(backend: Backend) {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
+        return;
+    };
+    let fixture = fixture(&app, &keys).await;
+    let doc = app.get_json("/openapi.json").await;
+    let expected = expected_roles();
+    let public_paths: Vec<String> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, item)| {
+            item.as_object()
+                .unwrap()
+                .values()
+                .any(|op| expected[op["operationId"].as_str().unwrap()].is_none())
+        })
+        .map(|(path, _)| path.clone())
+        .collect();
+    let mut sent = 0;
+    for (template, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap();
+            let roles = expected
+                .get(id)
+                .unwrap_or_else(|| panic!("{method} {template} ({id}) is not in the matrix"));
+            let Some(allowed) = roles else { continue };
+            let method = method.to_uppercase();
+            let canonical = fixture.path(template);
+            for path in spellings(&canonical) {
+                let callers = [
+                    ("nobody", None),
+                    ("stranger", Some("hf_not-a-key")),
+                    ("storefront", Some(keys.shop.as_str())),
+                    ("payments", Some(keys.payments.as_str())),
+                    ("admin", Some(keys.admin.as_str())),
+                ];
+                for (who, token) in callers {
+                    let bearer = token.map(|t| format!("Bearer {t}"));
+                    let mut headers = vec![
+                        ("Content-Type", "application/json"),
+                        ("Idempotency-Key", "matrix-key"),
+                    ];
+                    if let Some(bearer) = &bearer {
+                        headers.push(("Authorization", bearer.as_str()));
+                    }
+                    let body = fixture.body(id, who).to_string();
+                    let answer = app.raw(&method, &path, &headers, &body).await;
+                    sent += 1;
+                    let status = answer.status;
+                    let what = format!("{who} {method} {path} ({id}): {status} {}", answer.body);
+                    assert!(status < 500, "{what}");
+                    let public = public_paths.contains(&path);
+                    match who {
+                        "nobody" | "stranger" if !public => assert_eq!(status, 401, "{what}"),
+                        "nobody" | "stranger" => {}
+                        role if !allowed.contains(&role) => {
+                            assert!(!(200..300).contains(&status) && status != 409, "{what}");
+                            if path == canonical {
+                                assert_eq!(status, 403, "{what}");
+                            }
+                        }
+                        _ if path == canonical => {
+                            assert!(status != 401 && status != 403, "{what}")
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+    assert!(sent > 1000, "{sent} requests");
+    // Refusals changed nothing: the hold is live and unpaid, one refund.
+    let held = app
+        .get_json_as(
+            &format!("/v1/reservations/{}", fixture.reservation),
+            &keys.admin,
+        )
+        .await;
+    assert_eq!(held["buyer_id"], "acl-buyer");
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM assets WHERE id LIKE 'ACL-%-%' AND id NOT LIKE 'ACL-admin-%'"
+        )
+        .await,
+        0,
+        "no asset was created by a refused request"
+    );
+    assert!(
+        app.count("SELECT count(*) FROM assets WHERE id LIKE 'ACL-admin-%'")
+            .await
+            > 0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_spelling_skips_the_keys_on_both_backends() {
+    no_spelling_skips_the_keys(Backend::Postgres).await;
+    no_spelling_skips_the_keys(Backend::Sqlite).await;
+}
+
+#[test]
+fn spellings_cover_the_ways_to_write_a_path() {
+    let all = spellings("/v1/assets");
+    for expected in [
+        "/v1/assets",
+        "/v1/%61ssets",
+        "/%76%31/assets",
+        "/v1//assets",
+        "//v1/assets",
+        "/v1/./assets",
+        "/v1/x/../assets",
+        "/v1/assets/",
+        "/V1/ASSETS",
+    ] {
+        assert!(all.contains(&expected.to_owned()), "{expected} in {all:?}");
+    }
+}
+
+/// A form post is the one request any page may send cross-site without a
+/// preflight: it is never an API call, whoever sends it.
+async fn form_posts_are_refused_for_every_caller(backend: Backend) {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
+        return;
+    };
+    let bearer = format!("Bearer {}", keys.admin);
+    let basic = basic_auth(&keys.admin);
+    for content_type in [
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "text/plain",
+        "Text/Plain; charset=utf-8",
+    ] {
+        for auth in [None, Some(bearer.as_str()), Some(basic.as_str())] {
+            for (method, path, body) in [
+                ("POST", "/v1/assets", r#"{"id":"FORM-1","name":"x"}"#),
+                ("POST", "/v1/assets", ""),
+                ("PATCH", "/v1/assets/FORM-1", ""),
+                ("DELETE", "/v1/assets/FORM-1", ""),
+                ("POST", "/no/such/route", ""),
+            ] {
+                let mut headers = vec![("Content-Type", content_type)];
+                if let Some(auth) = auth {
+                    headers.push(("Authorization", auth));
+                }
+                let answer = app.raw(method, path, &headers, body).await;
+                assert_eq!(
+                    answer.status, 415,
+                    "{method} {path} {content_type} {auth:?}"
+                );
+                assert_eq!(
+                    answer.header("content-type"),
+                    Some("application/problem+json")
+                );
+                assert!(answer.body.contains("UNSUPPORTED_MEDIA_TYPE"));
+            }
+        }
+    }
+    assert_eq!(app.count("SELECT count(*) FROM assets").await, 0);
+}
+
+fn basic_auth(token: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("ops:{token}"))
+    )
+}
+
+/// A browser sends Basic credentials by itself, also with a request another
+/// site made it send: a change signed in with Basic must come from this site.
+async fn basic_changes_come_only_from_this_site(backend: Backend) {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
+        return;
+    };
+    let basic = basic_auth(&keys.admin);
+    let bearer = format!("Bearer {}", keys.admin);
+    let host = app.address.trim_start_matches("http://").to_owned();
+    let same_origin = format!("http://{host}");
+    type Headers<'a> = Vec<(&'a str, &'a str)>;
+    let cases: Vec<(&str, Headers, u16)> = vec![
+        ("cross-site", vec![("Sec-Fetch-Site", "cross-site")], 403),
+        ("same-site", vec![("Sec-Fetch-Site", "same-site")], 403),
+        (
+            "foreign origin",
+            vec![("Origin", "https://evil.example")],
+            403,
+        ),
+        ("null origin", vec![("Origin", "null")], 403),
+        ("same-origin", vec![("Sec-Fetch-Site", "same-origin")], 201),
+        ("typed by hand", vec![("Sec-Fetch-Site", "none")], 201),
+        ("own origin", vec![("Origin", same_origin.as_str())], 201),
+        ("no browser headers", vec![], 201),
+    ];
+    for (i, (what, extra, want)) in cases.into_iter().enumerate() {
+        let mut headers = vec![
+            ("Content-Type", "application/json"),
+            ("Authorization", basic.as_str()),
+        ];
+        headers.extend(extra);
+        let body = format!(r#"{{"id":"CSRF-{i}","name":"x"}}"#);
+        let answer = app.raw("POST", "/v1/assets", &headers, &body).await;
+        assert_eq!(answer.status, want, "{what}: {}", answer.body);
+        let exists = app
+            .count(&format!(
+                "SELECT count(*) FROM assets WHERE id = 'CSRF-{i}'"
+            ))
+            .await;
+        assert_eq!(exists, i64::from(want == 201), "{what}");
+    }
+    // Reading with Basic from anywhere is fine; Bearer is never at risk.
+    let read = app
+        .raw(
+            "GET",
+            "/v1/assets",
+            &[("Authorization", &basic), ("Sec-Fetch-Site", "cross-site")],
+            "",
+        )
+        .await;
+    assert_eq!(read.status, 200);
+    let bearer_cross = app
+        .raw(
+            "POST",
+            "/v1/assets",
+            &[
+                ("Content-Type", "application/json"),
+                ("Authorization", &bearer),
+                ("Sec-Fetch-Site", "cross-site"),
+                ("Origin", "https://shop.example"),
+            ],
+            r#"{"id":"CSRF-bearer","name":"x"}"#,
+        )
+        .await;
+    assert_eq!(bearer_cross.status, 201, "{}", bearer_cross.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn form_posts_are_refused_on_both_backends() {
+    form_posts_are_refused_for_every_caller(Backend::Postgres).await;
+    form_posts_are_refused_for_every_caller(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_changes_come_only_from_this_site_on_both_backends() {
+    basic_changes_come_only_from_this_site(Backend::Postgres).await;
+    basic_changes_come_only_from_this_site(Backend::Sqlite).await;
+}
+
+/// Made-up methods and unknown paths share the `other` and `unmatched`
+/// labels: three hundred of them add no series to /metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_labels_stay_bounded() {
+    let Some(app) = TestApp::try_spawn(Backend::Sqlite).await else {
+        return;
+    };
+    // The metrics registry is shared by every test in this process: count
+    // only the series this test's made-up methods can create.
+    let series = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("holdfast_http_requests_duration_seconds"))
+            .filter(|l| l.contains(r#"method="other""#))
+            .count()
+    };
+    // One of each kind first, so that their series exist.
+    app.raw("BREW", "/v1/assets", &[], "").await;
+    app.raw("BREW", "/no/such/route", &[], "").await;
+    app.get("/metrics").await;
+    let before = series(&app.get("/metrics").await.text().await.unwrap());
+    for i in 0..300 {
+        let method = format!("X{i}METHOD");
+        app.raw(&method, &format!("/no/such/route-{i}"), &[], "")
+            .await;
+        app.raw(&method, "/v1/assets", &[], "").await;
+    }
+    let text = app.get("/metrics").await.text().await.unwrap();
+    assert_eq!(series(&text), before, "no new series");
+    assert!(text.contains(r#"method="other""#), "{text}");
+    assert!(text.contains(r#"route="unmatched""#), "{text}");
+    assert!(!text.contains("X7METHOD"));
+    assert!(!text.contains("/no/such/route-7"));
+}
+
+#[test]
+fn a_key_named_like_open_mode_or_with_two_roles_refuses_to_start() {
+    let zeros = "0".repeat(64);
+    for (keys, named) in [
+        (format!("-:admin:{zeros}"), "\"-\""),
+        (
+            format!("ops:admin:{zeros},ops:payments:{}", "1".repeat(64)),
+            "key ops",
+        ),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+            .arg("serve")
+            .env(
+                "HOLDFAST_DATABASE_URL",
+                "sqlite:///tmp/holdfast-never-created.db",
+            )
+            .env("HOLDFAST_BIND", "127.0.0.1:0")
+            .env("HOLDFAST_API_KEYS", &keys)
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("HOLDFAST_API_KEYS") && stderr.contains(named),
+            "{stderr}"
+        );
+    }
 }

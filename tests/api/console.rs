@@ -2,7 +2,7 @@
 //! key as the Basic password), and the counts per status it shows.
 
 use holdfast::config::Secret;
-use holdfast::http::access::{new_key, Role};
+use holdfast::keys::{new_key, Role};
 use reqwest::header::{CACHE_CONTROL, CONTENT_TYPE, WWW_AUTHENTICATE};
 use serde_json::{json, Value};
 

@@ -642,3 +642,69 @@ impl EmptyPgDatabase {
         })
     }
 }
+
+/// An answer read off the wire: status, headers (lower-case names) and body.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl TestApp {
+    /// Sends one request exactly as written (no client normalises the path:
+    /// `..`, `%61` and `//` reach the server as they are) and reads the answer.
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> RawResponse {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let authority = self.address.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(authority)
+            .await
+            .expect("connect");
+        let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str(&format!(
+            "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ));
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .expect("request written");
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.expect("answer read");
+        let text = String::from_utf8_lossy(&answer);
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status line in {text:?}"));
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        RawResponse {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! Every operation of the API, declared once. The handler's annotation holds
+//! its method, path and documentation; the router names each resource after
+//! its handler, and that name is the operation id looked up here for who may
+//! call it, whether it takes an `Idempotency-Key`, and which problems it can
+//! answer. The access guard, the OpenAPI document and the console read this
+//! table; a test fails when the document and the table disagree.
+
+use crate::keys::Role;
+use crate::reply::ErrorCode;
+
+/// Who may call an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// No credentials: health, metrics, the document and the docs page.
+    Public,
+    Roles(&'static [Role]),
+}
+
+/// What a request carries besides its path and query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    None,
+    /// A JSON body (maybe optional).
+    Body,
+    /// A JSON body and a required `Idempotency-Key`.
+    KeyedBody,
+}
+
+/// One operation of the API.
+#[derive(Debug)]
+pub struct Operation {
+    /// The operationId, which is also the handler's name.
+    pub id: &'static str,
+    pub rule: Rule,
+    /// A page a person opens in a browser: its 401 invites HTTP Basic.
+    pub page: bool,
+    pub input: Input,
+    /// The problems of its own, by status (those of its input, its guard and
+    /// the database are added from `input`, `rule` and `database`).
+    pub problems: &'static [(u16, &'static [ErrorCode])],
+    /// Whether it reads or writes the database (and so can answer 503).
+    pub database: bool,
+}
+
+use ErrorCode::*;
+use Role::{Admin, Payments, Storefront};
+
+const ALL: &[Role] = &[Admin, Storefront, Payments];
+const ADMIN: &[Role] = &[Admin];
+const SELLING: &[Role] = &[Admin, Storefront];
+const PAYING: &[Role] = &[Admin, Payments];
+
+const fn op(
+    id: &'static str,
+    rule: Rule,
+    input: Input,
+    problems: &'static [(u16, &'static [ErrorCode])],
+) -> Operation {
+    Operation {
+        id,
+        rule,
+        page: false,
+        input,
+        problems,
+        database: true,
+    }
+}
+
+const fn page(id: &'static str) -> Operation {
+    Operation {
+        id,
+        rule: Rule::Roles(ADMIN),
+        page: true,
+        input: Input::None,
+        problems: &[],
+        database: false,
+    }
+}
+
+const fn public(id: &'static str, database: bool) -> Operation {
+    Operation {
+        id,
+        rule: Rule::Public,
+        page: false,
+        input: Input::None,
+        problems: &[],
+        database,
+    }
+}
+
+use Input::{Body, KeyedBody};
+use Rule::Roles;
+
+const NO_INPUT: Input = Input::None;
+
+pub const OPERATIONS: &[Operation] = &[
+    op(
+        "create_asset",
+        Roles(ADMIN),
+        Body,
+        &[(409, &[AssetExists]), (422, &[ValidationFailed])],
+    ),
+    op(
+        "get_asset",
+        Roles(ALL),
+        NO_INPUT,
+        &[(404, &[AssetNotFound])],
+    ),
+    op(
+        "list_assets",
+        Roles(ALL),
+        NO_INPUT,
+        &[(422, &[ValidationFailed])],
+    ),
+    op(
+        "update_asset",
+        Roles(ADMIN),
+        Body,
+        &[(404, &[AssetNotFound]), (422, &[ValidationFailed])],
+    ),
+    op(
+        "withdraw_asset",
+        Roles(ADMIN),
+        Body,
+        &[
+            (404, &[AssetNotFound]),
+            (409, &[AssetHeld, AssetSold]),
+            (422, &[ValidationFailed]),
+        ],
+    ),
+    op(
+        "reinstate_asset",
+        Roles(ADMIN),
+        Body,
+        &[(404, &[AssetNotFound]), (422, &[ValidationFailed])],
+    ),
+    op(
+        "list_asset_events",
+        Roles(ALL),
+        NO_INPUT,
+        &[(404, &[AssetNotFound]), (422, &[ValidationFailed])],
+    ),
+    op("count_assets", Roles(ADMIN), NO_INPUT, &[]),
+    op(
+        "hold_asset",
+        Roles(SELLING),
+        KeyedBody,
+        &[
+            (404, &[AssetNotFound]),
+            (409, &[AssetUnavailable, SaleNotOpen, HoldLimitReached]),
+        ],
+    ),
+    op(
+        "get_reservation",
+        Roles(ALL),
+        NO_INPUT,
+        &[(404, &[ReservationNotFound])],
+    ),
+    op(
+        "list_reservations",
+        Roles(ALL),
+        NO_INPUT,
+        &[(422, &[ValidationFailed])],
+    ),
+    op(
+        "commit_reservation",
+        Roles(PAYING),
+        KeyedBody,
+        &[
+            (404, &[ReservationNotFound]),
+            (
+                409,
+                &[
+                    HoldExpired,
+                    ReservationNotActive,
+                    AlreadyCommitted,
+                    PaymentReferenceUsed,
+                ],
+            ),
+        ],
+    ),
+    op(
+        "release_reservation",
+        Roles(ALL),
+        KeyedBody,
+        &[
+            (404, &[ReservationNotFound]),
+            (409, &[ReservationNotActive]),
+        ],
+    ),
+    op(
+        "extend_reservation",
+        Roles(SELLING),
+        KeyedBody,
+        &[
+            (404, &[ReservationNotFound]),
+            (409, &[ReservationNotActive, HoldExtensionLimit]),
+        ],
+    ),
+    op(
+        "void_reservation",
+        Roles(ADMIN),
+        KeyedBody,
+        &[
+            (404, &[ReservationNotFound]),
+            (409, &[ReservationNotActive]),
+        ],
+    ),
+    op(
+        "list_refunds",
+        Roles(PAYING),
+        NO_INPUT,
+        &[(422, &[ValidationFailed])],
+    ),
+    op(
+        "complete_refund",
+        Roles(PAYING),
+        KeyedBody,
+        &[(404, &[RefundNotFound])],
+    ),
+    op(
+        "list_events",
+        Roles(ALL),
+        NO_INPUT,
+        &[(422, &[ValidationFailed])],
+    ),
+    op(
+        "list_dead_events",
+        Roles(ADMIN),
+        NO_INPUT,
+        &[(422, &[ValidationFailed])],
+    ),
+    op(
+        "redeliver_event",
+        Roles(ADMIN),
+        NO_INPUT,
+        &[(404, &[EventNotFound])],
+    ),
+    public("get_health", false),
+    public("get_readiness", true),
+    public("get_metrics", false),
+    public("get_openapi", false),
+    public("get_docs", false),
+    page("get_console"),
+    page("get_console_css"),
+    page("get_console_js"),
+];
+
+/// The operation with this id.
+pub fn find(id: &str) -> Option<&'static Operation> {
+    OPERATIONS.iter().find(|op| op.id == id)
+}
+
+const BODY: &[(u16, &[ErrorCode])] = &[
+    (400, &[MalformedJson]),
+    (413, &[PayloadTooLarge]),
+    (415, &[UnsupportedMediaType]),
+];
+const KEYED_BODY: &[(u16, &[ErrorCode])] = &[
+    (400, &[MalformedJson, IdempotencyKeyInvalid]),
+    (413, &[PayloadTooLarge]),
+    (415, &[UnsupportedMediaType]),
+    (422, &[ValidationFailed, IdempotencyKeyReused]),
+];
+const DATABASE: &[(u16, &[ErrorCode])] = &[(503, &[ServiceUnavailable])];
+const GUARDED: &[(u16, &[ErrorCode])] = &[
+    (401, &[Unauthenticated]),
+    (403, &[Forbidden]),
+    (429, &[RateLimited]),
+];
+
+impl Operation {
+    /// Every problem this operation can answer, by status, codes merged.
+    pub fn all_problems(&self) -> Vec<(u16, Vec<ErrorCode>)> {
+        let input = match self.input {
+            Input::None => &[][..],
+            Input::Body => BODY,
+            Input::KeyedBody => KEYED_BODY,
+        };
+        let guarded = match self.rule {
+            Rule::Roles(_) => GUARDED,
+            Rule::Public => &[],
+        };
+        let database = if self.database { DATABASE } else { &[] };
+        let mut merged: Vec<(u16, Vec<ErrorCode>)> = Vec::new();
+        for (status, codes) in self
+            .problems
+            .iter()
+            .chain(input)
+            .chain(guarded)
+            .chain(database)
+        {
+            match merged.iter_mut().find(|(s, _)| s == status) {
+                Some((_, all)) => {
+                    for code in *codes {
+                        if !all.contains(code) {
+                            all.push(*code);
+                        }
+                    }
+                }
+                None => merged.push((*status, codes.to_vec())),
+            }
+        }
+        merged.sort_by_key(|(status, _)| *status);
+        merged
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_codes_match_their_status() {
+        for (i, op) in OPERATIONS.iter().enumerate() {
+            assert!(
+                OPERATIONS[..i].iter().all(|o| o.id != op.id),
+                "{} twice",
+                op.id
+            );
+            for (status, codes) in op.all_problems() {
+                for code in codes {
+                    assert_eq!(code.status(), status, "{} {}", op.id, code.as_str());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn keyed_operations_document_the_key_errors() {
+        let hold = find("hold_asset").unwrap().all_problems();
+        assert!(hold
+            .iter()
+            .any(|(s, c)| *s == 400 && c.contains(&IdempotencyKeyInvalid)));
+        assert!(hold.iter().any(|(s, _)| *s == 503));
+        assert!(find("nope").is_none());
+    }
+}
