@@ -135,13 +135,20 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .audit(events_since)
                 .await
                 .map_err(|e| holdfast::http::error::error_chain(&e))?;
-            let violated = findings.iter().filter(|f| f.violations > 0).count();
+            let violated = findings
+                .iter()
+                .filter(|f| f.violations > 0 && !f.history)
+                .count();
             if json {
                 let doc = serde_json::json!({"ok": violated == 0, "checks": findings});
                 println!("{doc}");
             } else {
                 for f in &findings {
-                    let verdict = if f.violations == 0 { "ok  " } else { "FAIL" };
+                    let verdict = match (f.violations, f.history) {
+                        (0, _) => "ok  ",
+                        (_, true) => "note",
+                        _ => "FAIL",
+                    };
                     println!(
                         "{verdict} {} ({} violating): {}",
                         f.name, f.violations, f.description

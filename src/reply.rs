@@ -5,7 +5,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::domain::{
-    format_timestamp, Asset, AssetStatus, FieldError, Refund, RefundReason, Reservation, Timestamp,
+    format_timestamp, Asset, AssetStatus, FieldError, Payment, PaymentOutcome, Refund,
+    RefundReason, Reservation, Timestamp,
 };
 
 /// An HTTP answer reduced to what idempotency stores: status, body, Location.
@@ -242,12 +243,40 @@ pub fn commit_refused(reason: RefundReason, reservation: &Reservation, refund: &
         .with("refund", refund)
 }
 
-pub fn payment_reference_used(reservation: &Reservation) -> Problem {
-    Problem::new(
-        ErrorCode::PaymentReferenceUsed,
-        "This payment_reference already committed another reservation.",
+/// The 409 of a payment that already has its one fate through another
+/// reservation: no refund (`refund` is absent), and `payment` says what the
+/// payment did.
+pub fn payment_reference_used(reservation: &Reservation, payment: &Payment) -> Problem {
+    let message = match payment.fate {
+        PaymentOutcome::Bought => format!(
+            "This payment_reference bought reservation {}; it cannot pay for another, and nothing is refunded.",
+            payment.reservation.reservation_id
+        ),
+        PaymentOutcome::Refunded => format!(
+            "This payment_reference was refunded through reservation {}; it cannot pay for another, and is not refunded twice.",
+            payment.reservation.reservation_id
+        ),
+    };
+    Problem::new(ErrorCode::PaymentReferenceUsed, message)
+        .with("reservation", reservation)
+        .with("payment", payment)
+}
+
+/// The 409 of a voided sale's own payment sent again: the void settled it
+/// (with the refund it carries, or outside holdfast); nothing new.
+pub fn sale_voided(reservation: &Reservation, refund: Option<&Refund>) -> Problem {
+    let problem = Problem::new(
+        ErrorCode::ReservationNotActive,
+        match refund {
+            Some(_) => "The sale was voided and this payment refunded by the void; nothing new is refunded.",
+            None => "The sale was voided and this payment settled outside holdfast; nothing is refunded.",
+        },
     )
-    .with("reservation", reservation)
+    .with("reservation", reservation);
+    match refund {
+        Some(refund) => problem.with("refund", refund),
+        None => problem,
+    }
 }
 
 pub fn reservation_not_active(reservation: &Reservation) -> Problem {
@@ -329,6 +358,13 @@ pub fn reservation_not_found() -> Problem {
 
 pub fn refund_not_found() -> Problem {
     Problem::new(ErrorCode::RefundNotFound, "No refund has this id.")
+}
+
+pub fn payment_not_found() -> Problem {
+    Problem::new(
+        ErrorCode::PaymentNotFound,
+        "No payment with this reference reached holdfast.",
+    )
 }
 
 pub fn event_not_found() -> Problem {

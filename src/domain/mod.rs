@@ -10,8 +10,8 @@ pub use ids::{
     AssetId, BuyerId, EventId, IdempotencyKey, PaymentReference, RefundId, ReservationId,
 };
 pub use model::{
-    Asset, AssetStatus, Event, EventType, Refund, RefundReason, RefundStatus, Reservation,
-    ReservationStatus,
+    Asset, AssetStatus, Event, EventData, EventSummary, EventType, Payment, PaymentFate,
+    PaymentOutcome, Refund, RefundReason, RefundStatus, Reservation, ReservationStatus,
 };
 pub use rules::{
     commit_decision, extension_allowed, hold_decision, release_decision, withdraw_decision,

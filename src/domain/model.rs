@@ -151,9 +151,21 @@ pub struct Asset {
     #[serde(serialize_with = "serde_ts::serialize")]
     #[schema(value_type = String, format = DateTime)]
     pub updated_at: Timestamp,
+    /// The client whose reservation holds or bought it, where read; not shown.
+    #[serde(skip)]
+    pub holder: Option<String>,
 }
 
 impl Asset {
+    /// The asset as `viewer` may see it: a storefront sees the current
+    /// reservation only when it is its own. Availability is public.
+    pub fn seen_by(mut self, viewer: Option<&str>) -> Self {
+        if viewer.is_some_and(|v| self.holder.as_deref() != Some(v)) {
+            self.current_reservation_id = None;
+        }
+        self
+    }
+
     /// Applies the expiry rule to a stored row read at `now`.
     pub fn effective(mut self, now: Timestamp) -> Self {
         if self.status == AssetStatus::Held && self.hold_expires_at.is_none_or(|e| e <= now) {
@@ -199,6 +211,10 @@ pub struct Reservation {
     /// The client (API key name) that created it; not shown.
     #[serde(skip)]
     pub owner: String,
+    /// The scope of `payment_reference`: the payments client that committed
+    /// it (`""` for sales recorded before scopes); not shown.
+    #[serde(skip)]
+    pub payment_scope: Option<String>,
 }
 
 impl Reservation {
@@ -231,12 +247,16 @@ pub struct Refund {
     #[serde(serialize_with = "serde_ts::option::serialize")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub completed_at: Option<Timestamp>,
+    /// The scope of `payment_reference` (see [`Reservation::payment_scope`]); not shown.
+    #[serde(skip)]
+    pub payment_scope: String,
 }
 
 impl Refund {
-    /// A new refund request for `payment` on `reservation`.
+    /// A new refund request for `payment` (in `scope`) on `reservation`.
     pub fn requested(
         reservation: &Reservation,
+        scope: &str,
         payment: &str,
         reason: RefundReason,
         now: Timestamp,
@@ -250,8 +270,49 @@ impl Refund {
             status: RefundStatus::Requested,
             created_at: now,
             completed_at: None,
+            payment_scope: scope.to_owned(),
         }
     }
+}
+
+text_enum!(
+    /// What became of a payment: it bought a reservation, or it is refunded.
+    PaymentOutcome { Bought => "BOUGHT", Refunded => "REFUNDED" }
+);
+
+/// A payment reference's one fate, as the database records it: the
+/// reservation it bought, or the refund that gives it back (and the
+/// reservation it was sent to).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentFate {
+    pub reservation_id: String,
+    /// `Some` when the payment is refunded; `None` when it bought the reservation.
+    pub refund_id: Option<String>,
+}
+
+impl PaymentFate {
+    pub fn outcome(&self) -> PaymentOutcome {
+        match self.refund_id {
+            Some(_) => PaymentOutcome::Refunded,
+            None => PaymentOutcome::Bought,
+        }
+    }
+}
+
+/// A payment reference and its one fate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Payment {
+    #[schema(example = "pay_7Hq2x9")]
+    pub payment_reference: String,
+    /// BOUGHT: it paid for `reservation` (a later void of that sale settles
+    /// it with the void's own refund, or outside holdfast); REFUNDED: it is
+    /// given back by `refund`, whichever reservation it was sent to.
+    pub fate: PaymentOutcome,
+    /// The reservation it bought, or the one it was sent to and refunded through.
+    pub reservation: Reservation,
+    /// REFUNDED: its refund. BOUGHT: the refund of a voided sale, if any.
+    #[schema(nullable = true)]
+    pub refund: Option<Refund>,
 }
 
 /// One entry of an asset's timeline, written in the same transaction as the change.
@@ -268,9 +329,81 @@ pub struct Event {
     #[serde(serialize_with = "serde_ts::serialize")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
-    /// The reservation or refund as the API showed it at that moment.
-    #[schema(value_type = Object)]
+    /// The reservation, refund or asset as the API showed it at that moment.
+    /// A storefront sees an event about another client's reservation as an
+    /// [`EventSummary`] instead: what happened to the asset, nothing more.
+    #[schema(value_type = EventData)]
     pub data: Box<serde_json::value::RawValue>,
+    /// The API key that voided a sale, or withdrew or reinstated the asset
+    /// (forcing a hold's release included); null for everything else.
+    pub actor: Option<String>,
+    /// The client whose reservation this event reports (`None` for events
+    /// about the asset alone); not shown.
+    #[serde(skip)]
+    pub owner: Option<String>,
+}
+
+/// What an event's `data` holds, by its type.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // a document type: events carry their data as stored JSON
+pub enum EventData {
+    Reservation(Reservation),
+    Refund(Refund),
+    Asset(Asset),
+    Summary(EventSummary),
+}
+
+/// An event about another client's reservation, as a storefront sees it:
+/// the asset and, for a hold, until when it is held. No reservation, buyer,
+/// payment or refund.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EventSummary {
+    /// Always true: the data of this event is not shown to this client.
+    #[schema(value_type = bool, example = true)]
+    pub redacted: bool,
+    pub asset_id: String,
+    /// reservation.held and reservation.extended: when the hold lapses.
+    #[serde(serialize_with = "serde_ts::option::serialize")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub hold_expires_at: Option<Timestamp>,
+}
+
+impl Event {
+    /// The event as `viewer` may see it: a storefront sees another client's
+    /// reservation events as a summary.
+    pub fn seen_by(mut self, viewer: Option<&str>) -> Self {
+        let Some(viewer) = viewer else { return self };
+        let Some(owner) = &self.owner else {
+            return self;
+        };
+        if owner == viewer {
+            return self;
+        }
+        let hold_expires_at = match self.event_type {
+            EventType::ReservationHeld | EventType::ReservationExtended => {
+                #[derive(serde::Deserialize)]
+                struct Expiry {
+                    expires_at: Option<String>,
+                }
+                serde_json::from_str::<Expiry>(self.data.get())
+                    .ok()
+                    .and_then(|e| e.expires_at)
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok())
+                    .map(|t| t.with_timezone(&chrono::Utc))
+            }
+            _ => None,
+        };
+        let summary = EventSummary {
+            redacted: true,
+            asset_id: self.asset_id.clone(),
+            hold_expires_at,
+        };
+        // Never the original data, even if the summary could not be written.
+        self.data = serde_json::value::to_raw_value(&summary).unwrap_or_default();
+        self.actor = None;
+        self
+    }
 }
 
 #[cfg(test)]

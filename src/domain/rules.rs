@@ -1,4 +1,4 @@
-use super::model::{AssetStatus, RefundReason, ReservationStatus};
+use super::model::{AssetStatus, PaymentFate, RefundReason, ReservationStatus};
 use super::time::Timestamp;
 
 /// The configured bounds of `hold_seconds`.
@@ -102,33 +102,51 @@ pub fn extension_allowed(created_at: Timestamp, until: Timestamp, max_total_seco
     (until - created_at).num_milliseconds() <= max_total_seconds.saturating_mul(1000)
 }
 
-/// What a commit must do, by the reservation's effective status (CONTRACT.md's commit table).
+/// What a commit must do (CONTRACT.md's commit rules): first by the
+/// payment's fate, then by the reservation's effective status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitDecision {
-    /// A live hold: try to sell the asset.
+    /// A live hold and a payment without a fate: try to sell the asset.
     Commit,
-    /// Already committed with this payment: answer 200 with the reservation.
+    /// This payment bought this reservation: answer 200 with it.
     AlreadyCommittedWithThisPayment,
-    /// The payment cannot be honoured: refund it and answer 409.
+    /// This payment bought this reservation and the sale was voided since:
+    /// 409, and no new refund (the void settled the payment).
+    SaleVoided,
+    /// This payment was refunded through this reservation: 409 with that
+    /// same refund, nothing new.
+    RefundedBefore,
+    /// This payment has its fate through another reservation: 409
+    /// PAYMENT_REFERENCE_USED, no refund, nothing changes.
+    UsedElsewhere,
+    /// A payment without a fate that cannot be honoured: refund it, 409.
     Refuse(RefundReason),
 }
 
 pub fn commit_decision(
+    reservation_id: &str,
     status: ReservationStatus,
-    committed_payment: Option<&str>,
-    payment: &str,
+    fate: Option<&PaymentFate>,
 ) -> CommitDecision {
-    match status {
-        ReservationStatus::Held => CommitDecision::Commit,
-        ReservationStatus::Expired => CommitDecision::Refuse(RefundReason::HoldExpired),
-        ReservationStatus::Released => CommitDecision::Refuse(RefundReason::ReservationReleased),
-        ReservationStatus::Committed if committed_payment == Some(payment) => {
-            CommitDecision::AlreadyCommittedWithThisPayment
-        }
-        ReservationStatus::Committed => CommitDecision::Refuse(RefundReason::AlreadyCommitted),
-        // Any payment for a voided sale, its own included, is given back
-        // unless it already was.
-        ReservationStatus::Voided => CommitDecision::Refuse(RefundReason::SaleVoided),
+    match fate {
+        Some(fate) if fate.reservation_id != reservation_id => CommitDecision::UsedElsewhere,
+        Some(PaymentFate {
+            refund_id: Some(_), ..
+        }) => CommitDecision::RefundedBefore,
+        Some(_) => match status {
+            ReservationStatus::Voided => CommitDecision::SaleVoided,
+            // Bought: COMMITTED (nothing else can carry a bought fate).
+            _ => CommitDecision::AlreadyCommittedWithThisPayment,
+        },
+        None => match status {
+            ReservationStatus::Held => CommitDecision::Commit,
+            ReservationStatus::Expired => CommitDecision::Refuse(RefundReason::HoldExpired),
+            ReservationStatus::Released => {
+                CommitDecision::Refuse(RefundReason::ReservationReleased)
+            }
+            ReservationStatus::Committed => CommitDecision::Refuse(RefundReason::AlreadyCommitted),
+            ReservationStatus::Voided => CommitDecision::Refuse(RefundReason::SaleVoided),
+        },
     }
 }
 
@@ -270,23 +288,53 @@ mod tests {
     fn commit_table() {
         use CommitDecision::*;
         use ReservationStatus::*;
-        assert_eq!(commit_decision(Held, None, "p"), Commit);
+        let bought = |id: &str| PaymentFate {
+            reservation_id: id.into(),
+            refund_id: None,
+        };
+        let refunded = |id: &str| PaymentFate {
+            reservation_id: id.into(),
+            refund_id: Some("rf_1".into()),
+        };
+        // A payment without a fate, by status.
+        assert_eq!(commit_decision("a", Held, None), Commit);
         assert_eq!(
-            commit_decision(Expired, None, "p"),
+            commit_decision("a", Expired, None),
             Refuse(RefundReason::HoldExpired)
         );
         assert_eq!(
-            commit_decision(Released, None, "p"),
+            commit_decision("a", Released, None),
             Refuse(RefundReason::ReservationReleased)
         );
         assert_eq!(
-            commit_decision(Committed, Some("p"), "p"),
-            AlreadyCommittedWithThisPayment
-        );
-        assert_eq!(
-            commit_decision(Committed, Some("q"), "p"),
+            commit_decision("a", Committed, None),
             Refuse(RefundReason::AlreadyCommitted)
         );
+        assert_eq!(
+            commit_decision("a", Voided, None),
+            Refuse(RefundReason::SaleVoided)
+        );
+        // Its own fate through this reservation.
+        assert_eq!(
+            commit_decision("a", Committed, Some(&bought("a"))),
+            AlreadyCommittedWithThisPayment
+        );
+        assert_eq!(commit_decision("a", Voided, Some(&bought("a"))), SaleVoided);
+        for status in ReservationStatus::ALL {
+            assert_eq!(
+                commit_decision("a", *status, Some(&refunded("a"))),
+                RefundedBefore
+            );
+            // A fate through another reservation, whatever this one's state.
+            assert_eq!(
+                commit_decision("a", *status, Some(&bought("b"))),
+                UsedElsewhere
+            );
+            assert_eq!(
+                commit_decision("a", *status, Some(&refunded("b"))),
+                UsedElsewhere
+            );
+        }
     }
 
     #[test]

@@ -65,10 +65,19 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<Strin
     Option::<String>::deserialize(d).map(Some)
 }
 
+/// An RFC 3339 instant within the years 1 to 9999 once its offset is
+/// applied: what both databases store and every reader formats back.
 fn parse_instant(text: &str) -> Result<Timestamp, String> {
-    chrono::DateTime::parse_from_rfc3339(text)
+    use chrono::Datelike;
+    let instant = chrono::DateTime::parse_from_rfc3339(text)
         .map(|t| t.with_timezone(&chrono::Utc))
-        .map_err(|_| "must be an RFC 3339 date-time, e.g. 2026-12-01T09:00:00Z".to_owned())
+        .map_err(|_| "must be an RFC 3339 date-time, e.g. 2026-12-01T09:00:00Z".to_owned())?;
+    if !(1..=9999).contains(&instant.year()) {
+        return Err(
+            "must lie between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC".to_owned(),
+        );
+    }
+    Ok(instant)
 }
 
 const NAME_MAX: usize = 255;
@@ -184,14 +193,14 @@ const REINSTATEMENTS: &str = "holdfast_reinstatements_total";
 )]
 #[post("/v1/assets/{asset_id}/withdraw")]
 pub async fn withdraw_asset(
-    _caller: Caller,
+    caller: Caller,
     state: web::Data<AppState>,
     path: web::Path<String>,
     body: JsonBody<WithdrawAssetRequest, true>,
 ) -> Result<HttpResponse, ApiError> {
     let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
     let force = body.value.force;
-    match state.store.withdraw(&id, force).await? {
+    match state.store.withdraw(&id, force, &caller.name).await? {
         WithdrawOutcome::Withdrawn(asset) => {
             count(WITHDRAWALS, "withdrawn");
             tracing::info!(asset_id = %asset.id, force, "asset withdrawn");
@@ -229,13 +238,13 @@ pub async fn withdraw_asset(
 )]
 #[post("/v1/assets/{asset_id}/reinstate")]
 pub async fn reinstate_asset(
-    _caller: Caller,
+    caller: Caller,
     state: web::Data<AppState>,
     path: web::Path<String>,
     _body: JsonBody<ReinstateAssetRequest, true>,
 ) -> Result<HttpResponse, ApiError> {
     let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
-    match state.store.reinstate(&id).await? {
+    match state.store.reinstate(&id, &caller.name).await? {
         ReinstateOutcome::Reinstated(asset) => {
             count(REINSTATEMENTS, "reinstated");
             tracing::info!(asset_id = %asset.id, "asset reinstated");
@@ -263,13 +272,16 @@ pub async fn reinstate_asset(
 )]
 #[get("/v1/assets/{asset_id}")]
 pub async fn get_asset(
-    _caller: Caller,
+    caller: Caller,
     state: web::Data<AppState>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
     match state.store.get_asset(&id).await? {
-        Some(asset) => Ok(respond(Reply::json(200, &asset))),
+        Some(asset) => {
+            let asset = asset.seen_by(caller.owner_filter().as_deref());
+            Ok(respond(Reply::json(200, &asset)))
+        }
         None => Err(reply::asset_not_found().into()),
     }
 }
@@ -308,7 +320,7 @@ const LIMIT_DEFAULT: i64 = 50;
 )]
 #[get("/v1/assets")]
 pub async fn list_assets(
-    _caller: Caller,
+    caller: Caller,
     state: web::Data<AppState>,
     query: web::Query<ListAssetsQuery>,
 ) -> Result<HttpResponse, ApiError> {
@@ -347,6 +359,11 @@ pub async fn list_assets(
     } else {
         None
     };
+    let viewer = caller.owner_filter();
+    let items = items
+        .into_iter()
+        .map(|a| a.seen_by(viewer.as_deref()))
+        .collect();
     Ok(respond(Reply::json(200, &AssetList { items, next_cursor })))
 }
 
@@ -395,33 +412,90 @@ pub async fn count_assets(
     Ok(respond(Reply::json(200, &AssetCounts { counts })))
 }
 
-/// An asset's events.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TimelineQuery {
+    /// Page size, 1 to 500 (default 500).
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
+    pub limit: Option<String>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// One page of an asset's events.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventList {
     /// Oldest first.
     pub items: Vec<Event>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    pub next_cursor: Option<String>,
 }
 
-/// The asset's timeline: every event, oldest first.
+const TIMELINE_DEFAULT: i64 = 500;
+
+/// The asset's timeline: its events, oldest first, one page at a time.
+///
+/// A storefront sees events about other clients' reservations as summaries
+/// (`data` is an EventSummary): what happened to the asset, without the
+/// reservation, buyer or payment.
 #[utoipa::path(
     tag = "assets",
     operation_id = "list_asset_events",
-    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")),
+    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"), TimelineQuery),
     responses(
         (status = 200, description = "The asset's events", body = EventList),
     )
 )]
 #[get("/v1/assets/{asset_id}/events")]
 pub async fn list_asset_events(
-    _caller: Caller,
+    caller: Caller,
     state: web::Data<AppState>,
     path: web::Path<String>,
+    query: web::Query<TimelineQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
-    match state.store.asset_events(&id).await? {
-        Some(items) => Ok(respond(Reply::json(200, &EventList { items }))),
-        None => Err(reply::asset_not_found().into()),
-    }
+    let mut v = Validator::default();
+    let limit = v
+        .check(
+            "limit",
+            page_limit(query.limit.as_deref(), TIMELINE_DEFAULT),
+        )
+        .unwrap_or(TIMELINE_DEFAULT);
+    let after = v
+        .check(
+            "cursor",
+            query.cursor.as_deref().map(decode_sequence).transpose(),
+        )
+        .flatten()
+        .unwrap_or(0);
+    v.finish()?;
+    let Some(mut items) = state.store.asset_events(&id, after, limit + 1).await? else {
+        return Err(reply::asset_not_found().into());
+    };
+    let next_cursor = if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        items
+            .last()
+            .map(|e| URL_SAFE_NO_PAD.encode(e.sequence.to_string()))
+    } else {
+        None
+    };
+    let viewer = caller.owner_filter();
+    let items = items
+        .into_iter()
+        .map(|e| e.seen_by(viewer.as_deref()))
+        .collect();
+    Ok(respond(Reply::json(200, &EventList { items, next_cursor })))
+}
+
+fn decode_sequence(cursor: &str) -> Result<i64, String> {
+    URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| s.parse::<i64>().ok())
+        .filter(|n| *n >= 0)
+        .ok_or_else(|| "is not a cursor this service issued".to_owned())
 }
 
 #[cfg(test)]
@@ -433,6 +507,16 @@ mod tests {
         assert_eq!(decode_cursor(&encode_cursor("EQ-1")).unwrap(), "EQ-1");
         assert!(decode_cursor("!!!").is_err());
         assert!(decode_cursor(&URL_SAFE_NO_PAD.encode("bad id")).is_err());
+    }
+
+    #[test]
+    fn instants_stay_within_four_digit_years_in_utc() {
+        assert!(parse_instant("0001-01-01T00:00:00Z").is_ok());
+        assert!(parse_instant("9999-12-31T23:59:59.999999Z").is_ok());
+        assert!(parse_instant("0000-12-31T23:59:59Z").is_err());
+        assert!(parse_instant("9999-12-31T23:59:59-01:00").is_err());
+        assert!(parse_instant("0001-01-01T00:30:00+01:00").is_err());
+        assert!(parse_instant("2026-12-01 09:00").is_err());
     }
 
     #[test]

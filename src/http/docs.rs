@@ -55,6 +55,7 @@ fn example(code: ErrorCode) -> Value {
         ReservationNotFound => reply::reservation_not_found(),
         RefundNotFound => reply::refund_not_found(),
         EventNotFound => reply::event_not_found(),
+        PaymentNotFound => reply::payment_not_found(),
         ServiceUnavailable => reply::service_unavailable(),
         HoldLimitReached => reply::hold_limit_reached(5),
         SaleNotOpen => reply::sale_not_open(

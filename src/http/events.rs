@@ -82,6 +82,9 @@ fn page(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
 /// Every event, oldest first, for receivers that pull or reconcile after an
 /// outage. An event appears once no earlier-starting transaction can still
 /// commit in front of it, so following `next_cursor` never skips one.
+///
+/// A storefront sees events about other clients' reservations as summaries
+/// (`data` is an EventSummary), without reservation, buyer or payment.
 #[utoipa::path(
     tag = "events",
     operation_id = "list_events",
@@ -90,12 +93,18 @@ fn page(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
 )]
 #[get("/v1/events")]
 pub async fn list_events(
-    _caller: Caller,
+    caller: Caller,
     state: web::Data<AppState>,
     query: web::Query<FeedQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (after, limit) = page_params(&query)?;
-    Ok(page(after, state.store.event_feed(after, limit).await?))
+    let viewer = caller.owner_filter();
+    let rows = state.store.event_feed(after, limit).await?;
+    let rows = rows
+        .into_iter()
+        .map(|(cursor, event)| (cursor, event.seen_by(viewer.as_deref())))
+        .collect();
+    Ok(page(after, rows))
 }
 
 /// Events whose delivery failed too often and was given up, oldest first.

@@ -11,6 +11,7 @@ mod extract;
 mod health;
 mod observe;
 pub mod operations;
+mod payments;
 mod refunds;
 mod reservations;
 
@@ -24,7 +25,7 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::AppExt;
 
 use crate::config::Config;
-use crate::domain::{Asset, AssetStatus, FieldError, Refund, Reservation};
+use crate::domain::{Asset, AssetStatus, EventSummary, FieldError, Payment, Refund, Reservation};
 use crate::reply::{ErrorCode, Problem};
 use crate::store::Store;
 pub use error::{respond, ApiError, PROBLEM_JSON};
@@ -74,9 +75,13 @@ pub struct ProblemBody {
     /// Every 409 about a reservation: its current state.
     #[schema(nullable = false)]
     pub reservation: Option<Reservation>,
-    /// A commit that could not be honoured: the refund it triggered.
+    /// A commit that could not be honoured: the refund of its payment.
+    /// Absent from PAYMENT_REFERENCE_USED, which refunds nothing.
     #[schema(nullable = false)]
     pub refund: Option<Refund>,
+    /// PAYMENT_REFERENCE_USED: what the payment did, through another reservation.
+    #[schema(nullable = false)]
+    pub payment: Option<Payment>,
 }
 
 #[derive(OpenApi)]
@@ -89,12 +94,13 @@ pub struct ProblemBody {
     tags(
         (name = "assets", description = "One-of-a-kind assets and their timelines"),
         (name = "reservations", description = "Holds, commits and releases"),
+        (name = "payments", description = "What became of each payment reference"),
         (name = "refunds", description = "Payments to give back, and their completion"),
         (name = "events", description = "The event feed and webhook delivery"),
         (name = "operations", description = "Health of the service"),
         (name = "console", description = "The operator console, a web page served by holdfast"),
     ),
-    components(schemas(ProblemBody, ErrorCode))
+    components(schemas(ProblemBody, ErrorCode, EventSummary))
 )]
 struct ApiDoc;
 
@@ -120,6 +126,7 @@ pub fn configure(cfg: &mut ServiceConfig) {
         .service(events::list_events)
         .service(events::list_dead_events)
         .service(events::redeliver_event)
+        .service(payments::get_payment)
         .service(refunds::list_refunds)
         .service(refunds::complete_refund)
         .service(health::get_health)

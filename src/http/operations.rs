@@ -207,6 +207,12 @@ pub const OPERATIONS: &[Operation] = &[
         ],
     ),
     op(
+        "get_payment",
+        Roles(PAYING),
+        NO_INPUT,
+        &[(404, &[PaymentNotFound]), (422, &[ValidationFailed])],
+    ),
+    op(
         "list_refunds",
         Roles(PAYING),
         NO_INPUT,

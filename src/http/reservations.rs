@@ -168,13 +168,16 @@ pub async fn get_reservation(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = reservation_id(&path)?;
+    // Another storefront's reservation does not exist for this caller: the
+    // query itself filters by owner, so it costs what a missing one costs.
     let visible_to = caller.owner_filter();
-    match state.store.get_reservation(&id).await? {
-        // Another storefront's reservation does not exist for this caller.
-        Some(r) if visible_to.as_ref().is_none_or(|o| &r.owner == o) => {
-            Ok(respond(Reply::json(200, &r)))
-        }
-        _ => Err(reply::reservation_not_found().into()),
+    match state
+        .store
+        .get_reservation(&id, visible_to.as_deref())
+        .await?
+    {
+        Some(r) => Ok(respond(Reply::json(200, &r))),
+        None => Err(reply::reservation_not_found().into()),
     }
 }
 
@@ -214,6 +217,7 @@ pub async fn commit_reservation(
     let request = CommitRequest {
         reservation_id: record_reservation(reservation_id(&path)?, &key),
         payment_reference,
+        payment_scope: caller.name.clone(),
         idempotency: caller.idempotency(key, &req, &body.canonical),
         accept_late: state.config.late_commit == LateCommit::AcceptIfFree,
     };
@@ -245,9 +249,16 @@ pub async fn commit_reservation(
             count(COMMITS, "unchanged");
             respond(reply::reservation_ok(&r))
         }
-        CommitOutcome::PaymentReferenceUsed(r) => {
+        CommitOutcome::SaleVoided(reply) => {
+            count(COMMITS, "not_active");
+            respond(reply)
+        }
+        CommitOutcome::PaymentReferenceUsed {
+            reservation,
+            payment,
+        } => {
             count(COMMITS, "payment_reference_used");
-            respond(reply::payment_reference_used(&r).into_reply())
+            respond(reply::payment_reference_used(&reservation, &payment).into_reply())
         }
         CommitOutcome::KeyReused => {
             count(COMMITS, "rejected");
@@ -454,6 +465,7 @@ pub async fn void_reservation(
     let request = VoidRequest {
         reservation_id: record_reservation(reservation_id(&path)?, &key),
         refund: body.value.refund,
+        actor: caller.name.clone(),
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
     const VOIDS: &str = "holdfast_voids_total";

@@ -13,15 +13,37 @@ pub struct Finding {
     pub violations: i64,
     /// Up to ten violating rows.
     pub examples: Vec<String>,
+    /// History from before a rule existed: listed, not a failure.
+    pub history: bool,
 }
 
 pub(crate) struct Check {
     pub name: &'static str,
     pub description: &'static str,
+    /// Rows written before the rule existed: listed as such, never failing.
+    pub history: bool,
     /// Portable SQL; `$1` is the start of event retention (an instant).
     pub sql: &'static str,
     /// PostgreSQL's own SQL where JSON is read.
     pub postgres: Option<&'static str>,
+}
+
+/// Every fate a payment has in the money records, as `fates(scope, reference,
+/// kind, reservation_id)`: each sale (kept, also when voided since), and each
+/// refund except a voided sale's refund of its own payment (part of that
+/// sale's fate).
+macro_rules! fates {
+    () => {
+        "fates AS ( \
+           SELECT payment_scope AS scope, payment_reference AS reference, 'kept' AS kind, \
+                  id AS reservation_id \
+             FROM reservations WHERE status IN ('COMMITTED', 'VOIDED') \
+           UNION ALL \
+           SELECT f.payment_scope, f.payment_reference, 'refunded', f.reservation_id \
+             FROM refunds f JOIN reservations r ON r.id = f.reservation_id \
+            WHERE NOT (f.reason = 'SALE_VOIDED' AND r.status = 'VOIDED' \
+                       AND r.payment_scope = f.payment_scope AND r.payment_reference = f.payment_reference))"
+    };
 }
 
 /// An event of `kind` for reservation `r`, in `e`'s data.
@@ -44,6 +66,7 @@ pub(crate) const CHECKS: &[Check] = &[
                 OR NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = a.current_reservation_id \
                                AND r.asset_id = a.id AND r.status = 'COMMITTED'))",
         postgres: None,
+        history: false,
     },
     Check {
         name: "held_matches_its_reservation",
@@ -52,12 +75,14 @@ pub(crate) const CHECKS: &[Check] = &[
                 SELECT 1 FROM reservations r WHERE r.id = a.current_reservation_id AND r.asset_id = a.id \
                 AND r.status = 'HELD' AND r.expires_at = a.hold_expires_at)",
         postgres: None,
+        history: false,
     },
     Check {
         name: "one_held_reservation_per_asset",
         description: "At most one HELD reservation per asset.",
         sql: "SELECT asset_id AS example FROM reservations WHERE status = 'HELD' GROUP BY asset_id HAVING count(*) > 1",
         postgres: None,
+        history: false,
     },
     Check {
         name: "committed_is_sold",
@@ -65,16 +90,7 @@ pub(crate) const CHECKS: &[Check] = &[
         sql: "SELECT r.id AS example FROM reservations r WHERE r.status = 'COMMITTED' AND NOT EXISTS ( \
                 SELECT 1 FROM assets a WHERE a.id = r.asset_id AND a.status = 'SOLD' AND a.current_reservation_id = r.id)",
         postgres: None,
-    },
-    Check {
-        name: "one_refund_per_unhonoured_payment",
-        description: "Each payment a reservation could not honour has exactly one refund, and no refund gives back the payment that bought the asset.",
-        sql: "SELECT reservation_id || ' ' || payment_reference AS example FROM refunds \
-              GROUP BY reservation_id, payment_reference HAVING count(*) <> 1 \
-              UNION ALL \
-              SELECT f.id FROM refunds f JOIN reservations r ON r.id = f.reservation_id \
-              WHERE r.status = 'COMMITTED' AND r.payment_reference = f.payment_reference",
-        postgres: None,
+        history: false,
     },
     Check {
         name: "refused_payments_have_their_refund",
@@ -87,13 +103,52 @@ pub(crate) const CHECKS: &[Check] = &[
              WHERE i.status_code = 409 AND (i.body::jsonb -> 'refund' ->> 'refund_id') IS NOT NULL \
              AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.id = i.body::jsonb -> 'refund' ->> 'refund_id')",
         ),
+        history: false,
     },
     Check {
-        name: "payment_commits_once",
-        description: "No payment_reference is on two COMMITTED or VOIDED reservations: a voided sale's payment stays used.",
-        sql: "SELECT payment_reference AS example FROM reservations WHERE status IN ('COMMITTED', 'VOIDED') \
-              GROUP BY payment_reference HAVING count(*) > 1",
+        name: "payment_has_one_fate",
+        description: "Each payment reference (per payments client) bought one reservation or is refunded once, never both, never twice; a voided sale's own refund is part of its fate.",
+        sql: concat!(
+            "WITH ",
+            fates!(),
+            " SELECT scope || ' ' || reference AS example FROM fates WHERE scope <> '' \
+              GROUP BY scope, reference HAVING count(*) > 1 \
+              UNION ALL \
+              SELECT DISTINCT n.scope || ' ' || n.reference FROM fates n JOIN fates o \
+                ON o.reference = n.reference AND o.scope = '' WHERE n.scope <> ''"
+        ),
         postgres: None,
+        history: false,
+    },
+    Check {
+        name: "payments_record_their_fate",
+        description: "Every sale and every refund of a payment is its payment's recorded fate, and every recorded fate is a sale or a refund.",
+        sql: concat!(
+            "WITH ",
+            fates!(),
+            " SELECT f.scope || ' ' || f.reference AS example FROM fates f WHERE f.scope <> '' \
+              AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.scope = f.scope AND p.reference = f.reference \
+                              AND p.reservation_id = f.reservation_id \
+                              AND (p.refund_id IS NULL) = (f.kind = 'kept')) \
+              UNION ALL \
+              SELECT p.scope || ' ' || p.reference FROM payments p WHERE NOT EXISTS ( \
+                SELECT 1 FROM fates f WHERE f.scope = p.scope AND f.reference = p.reference \
+                AND f.reservation_id = p.reservation_id AND (p.refund_id IS NULL) = (f.kind = 'kept'))"
+        ),
+        postgres: None,
+        history: false,
+    },
+    Check {
+        name: "payment_fates_before_scopes",
+        description: "History: payment references kept and refunded, or refunded twice, before each reference had one fate (recorded without their client). Listed for reconciliation; existing refunds are left as they are.",
+        sql: concat!(
+            "WITH ",
+            fates!(),
+            " SELECT reference AS example FROM fates WHERE scope = '' \
+              GROUP BY reference HAVING count(*) > 1"
+        ),
+        postgres: None,
+        history: true,
     },
     Check {
         name: "changes_have_their_events",
@@ -114,6 +169,7 @@ pub(crate) const CHECKS: &[Check] = &[
                AND e.data LIKE '%\"refund_id\":\"' || f.id || '\"%')"
         ),
         postgres: None,
+        history: false,
     },
     Check {
         name: "event_sequences_have_no_gaps",
@@ -123,6 +179,7 @@ pub(crate) const CHECKS: &[Check] = &[
               ) s ON s.asset_id = a.id \
               WHERE coalesce(s.hi, 0) <> a.last_event_sequence OR (s.n IS NOT NULL AND s.hi - s.lo + 1 <> s.n)",
         postgres: None,
+        history: false,
     },
     Check {
         name: "voided_sales_are_over",
@@ -133,6 +190,7 @@ pub(crate) const CHECKS: &[Check] = &[
               SELECT f.id FROM refunds f WHERE f.reason = 'SALE_VOIDED' AND NOT EXISTS ( \
                 SELECT 1 FROM reservations r WHERE r.id = f.reservation_id AND r.status = 'VOIDED')",
         postgres: None,
+        history: false,
     },
     Check {
         name: "withdrawn_assets_are_free",
@@ -140,6 +198,7 @@ pub(crate) const CHECKS: &[Check] = &[
         sql: "SELECT a.id AS example FROM assets a WHERE a.status = 'WITHDRAWN' AND EXISTS ( \
                 SELECT 1 FROM reservations r WHERE r.asset_id = a.id AND r.status = 'HELD')",
         postgres: None,
+        history: false,
     },
     Check {
         name: "answers_point_at_changes",
@@ -148,6 +207,7 @@ pub(crate) const CHECKS: &[Check] = &[
               WHERE NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = i.reservation_id) \
               OR (i.status_code IN (200, 201) AND i.body NOT LIKE '%' || i.reservation_id || '%')",
         postgres: None,
+        history: false,
     },
 ];
 
@@ -175,5 +235,6 @@ pub(crate) fn finding(check: &Check, rows: Vec<Row>) -> Finding {
         description: check.description,
         violations: rows.first().map_or(0, |r| r.n),
         examples: rows.into_iter().map(|r| r.example).collect(),
+        history: check.history,
     }
 }

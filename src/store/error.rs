@@ -135,17 +135,6 @@ pub(crate) fn is_unique_violation(error: &StoreError) -> bool {
     )
 }
 
-/// The name of the violated unique constraint, when the driver reports it.
-pub(crate) fn violated_constraint(error: &StoreError) -> Option<&str> {
-    match error {
-        StoreError::Query {
-            source: DieselError::DatabaseError(DatabaseErrorKind::UniqueViolation, info),
-            ..
-        } => Some(info.constraint_name().unwrap_or(info.message())),
-        _ => None,
-    }
-}
-
 impl From<DieselError> for StoreError {
     fn from(error: DieselError) -> Self {
         StoreError::from_diesel("run a transaction", error)
@@ -168,6 +157,16 @@ impl Abort {
             Ok(value) => Ok(value),
             Err(Abort::Retry) => Ok(on_retry),
             Err(Abort::Failed(e)) => Err(e),
+        }
+    }
+}
+
+impl Abort {
+    /// A transaction body that never asks to read again: its error.
+    pub(crate) fn into_error(self) -> StoreError {
+        match self {
+            Abort::Failed(e) => e,
+            Abort::Retry => StoreError::unavailable("finish a transaction", "it was rolled back"),
         }
     }
 }

@@ -7,7 +7,8 @@ use std::future::Future;
 
 use chrono::Duration;
 
-use super::error::{is_unique_violation, violated_constraint};
+use super::error::is_unique_violation;
+use super::rows::PaymentRow;
 use super::{
     CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, ExtendOutcome,
     ExtendRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome, ReleaseRequest,
@@ -15,8 +16,9 @@ use super::{
 };
 use crate::domain::{
     commit_decision, extension_allowed, hold_decision, release_decision, AssetId, CommitDecision,
-    EventId, HoldDecision, HoldTarget, PaymentReference, Refund, RefundId, RefundReason,
-    RefundStatus, ReleaseDecision, Reservation, ReservationId, ReservationStatus, Timestamp,
+    EventId, HoldDecision, HoldTarget, Payment, PaymentFate, PaymentOutcome, PaymentReference,
+    Refund, RefundId, RefundReason, RefundStatus, ReleaseDecision, Reservation, ReservationId,
+    ReservationStatus, Timestamp,
 };
 use crate::reply::{self, Reply};
 
@@ -30,6 +32,15 @@ pub(crate) struct Snapshot<T> {
     pub now: Timestamp,
     pub row: Option<T>,
     pub stored: Option<StoredAnswer>,
+    /// The fate of the payment a commit carries, when it has one.
+    pub fate: Option<PaymentFate>,
+}
+
+/// A payment reference and its scope.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PaymentKey<'a> {
+    pub scope: &'a str,
+    pub reference: &'a str,
 }
 
 /// A hold ready to be written: the reservation, its reply and its event id.
@@ -51,15 +62,6 @@ pub(crate) enum Claim {
     LimitReached,
 }
 
-/// What a refund write found.
-#[derive(Debug)]
-pub(crate) enum RefundWrite {
-    /// A new refund was recorded; the reply is stored under the key.
-    Created(Reply),
-    /// This payment was refunded before; nothing changed.
-    Existing,
-}
-
 /// The primitives each backend provides; every write is one transaction.
 pub(crate) trait Backend {
     fn hold_snapshot(
@@ -77,12 +79,22 @@ pub(crate) trait Backend {
         reclaim: bool,
     ) -> impl Future<Output = StoreResult<Claim>> + Send;
 
-    /// The stored reservation (without refunds) and the stored answer.
+    /// The stored reservation (without refunds), the stored answer, and the
+    /// fate of `payment` when one is given.
     fn reservation_snapshot(
         &self,
         id: &ReservationId,
         idempotency: &Idempotency,
+        payment: Option<PaymentKey<'_>>,
     ) -> impl Future<Output = StoreResult<Snapshot<Reservation>>> + Send;
+
+    /// The database clock and the fates of `reference`: in `scope` (and the
+    /// scope `''` of sales recorded before scopes), or in every scope.
+    fn payment_fates(
+        &self,
+        scope: Option<&str>,
+        reference: &str,
+    ) -> impl Future<Output = StoreResult<(Timestamp, Vec<PaymentRow>)>> + Send;
 
     /// The reservation with its refunds, by effective status at `now`.
     fn load_reservation(
@@ -91,24 +103,26 @@ pub(crate) trait Backend {
         now: Timestamp,
     ) -> impl Future<Output = StoreResult<Option<Reservation>>> + Send;
 
-    /// Sells the asset to a hold still live at the write's own clock.
-    /// `None` when it was no longer live.
+    /// Sells the asset to a hold still live at the write's own clock, and
+    /// records that `payment` bought it. `None` when it was no longer live;
+    /// a unique violation when the payment got a fate meanwhile.
     fn commit(
         &self,
         reservation: &Reservation,
-        payment: &PaymentReference,
+        payment: PaymentKey<'_>,
         idempotency: &Idempotency,
     ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
 
-    /// Records the refund of `payment` (expiring a lapsed hold first).
+    /// Records the refund of `payment` as its fate (expiring a lapsed hold
+    /// first); a unique violation when the payment got a fate meanwhile.
     fn refund(
         &self,
         reservation: &Reservation,
-        payment: &PaymentReference,
+        payment: PaymentKey<'_>,
         reason: RefundReason,
         idempotency: &Idempotency,
         now: Timestamp,
-    ) -> impl Future<Output = StoreResult<RefundWrite>> + Send;
+    ) -> impl Future<Output = StoreResult<Reply>> + Send;
 
     /// The refund and the answer stored under the request's key.
     fn refund_snapshot(
@@ -145,22 +159,23 @@ pub(crate) trait Backend {
     ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
 
     /// Undoes a sale: COMMITTED becomes VOIDED, the asset AVAILABLE, and
-    /// with `refund` the payment is given back. `None` when it was no
-    /// longer the asset's sale.
+    /// with `refund` the payment is given back (part of its one fate). `None`
+    /// when it was no longer the asset's sale. `actor` is named in the events.
     fn void(
         &self,
         reservation: &Reservation,
         refund: bool,
+        actor: &str,
         idempotency: &Idempotency,
     ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
 
-    /// Sells the asset to a lapsed hold when nobody held or bought it since
-    /// and this payment was never refunded: one conditional update. `None`
-    /// otherwise.
+    /// Sells the asset to a lapsed hold when nobody held or bought it since:
+    /// one conditional update, and `payment` recorded as its buyer. `None`
+    /// otherwise; a unique violation when the payment got a fate meanwhile.
     fn commit_late(
         &self,
         reservation: &Reservation,
-        payment: &PaymentReference,
+        payment: PaymentKey<'_>,
         idempotency: &Idempotency,
     ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
 
@@ -204,19 +219,35 @@ async fn find_reservation<B: Backend>(
     idempotency: &Idempotency,
     visible_to: Option<&String>,
 ) -> StoreResult<Found> {
-    let snap = backend.reservation_snapshot(id, idempotency).await?;
-    if let Some(stored) = snap.stored {
-        return Ok(Found::Answered(replay_or_reused(stored, idempotency)));
-    }
     Ok(
-        match snap
-            .row
-            .filter(|r| visible_to.is_none_or(|o| &r.owner == o))
-        {
-            Some(row) => Found::Reservation(row.effective(snap.now), snap.now),
-            None => Found::Missing,
-        },
+        find_paid_reservation(backend, id, idempotency, visible_to, None)
+            .await?
+            .0,
     )
+}
+
+/// [`find_reservation`], and the fate of the payment a commit carries.
+async fn find_paid_reservation<B: Backend>(
+    backend: &B,
+    id: &ReservationId,
+    idempotency: &Idempotency,
+    visible_to: Option<&String>,
+    payment: Option<PaymentKey<'_>>,
+) -> StoreResult<(Found, Option<PaymentFate>)> {
+    let snap = backend
+        .reservation_snapshot(id, idempotency, payment)
+        .await?;
+    if let Some(stored) = snap.stored {
+        return Ok((Found::Answered(replay_or_reused(stored, idempotency)), None));
+    }
+    let found = match snap
+        .row
+        .filter(|r| visible_to.is_none_or(|o| &r.owner == o))
+    {
+        Some(row) => Found::Reservation(row.effective(snap.now), snap.now),
+        None => Found::Missing,
+    };
+    Ok((found, snap.fate))
 }
 
 fn contention(context: &'static str) -> StoreError {
@@ -264,6 +295,7 @@ pub(crate) async fn hold<B: Backend>(backend: &B, req: &HoldRequest) -> StoreRes
             voided_at: None,
             refunds: Vec::new(),
             owner: req.owner.clone(),
+            payment_scope: None,
         };
         let draft = HoldDraft {
             request: req,
@@ -291,86 +323,63 @@ pub(crate) async fn commit<B: Backend>(
     backend: &B,
     req: &CommitRequest,
 ) -> StoreResult<CommitOutcome> {
-    let mut refunded_before = false;
+    let payment = PaymentKey {
+        scope: &req.payment_scope,
+        reference: req.payment_reference.as_str(),
+    };
     let mut late_refused = !req.accept_late;
     for _ in 0..MAX_ATTEMPTS {
-        let (reservation, now) =
-            match find_reservation(backend, &req.reservation_id, &req.idempotency, None).await? {
-                Found::Answered(Ok(reply)) => return Ok(CommitOutcome::Replayed(reply)),
-                Found::Answered(Err(())) => return Ok(CommitOutcome::KeyReused),
-                Found::Missing => return Ok(CommitOutcome::NotFound),
-                Found::Reservation(reservation, now) => (reservation, now),
-            };
-        let payment = &req.payment_reference;
-        match commit_decision(
+        let (found, fate) = find_paid_reservation(
+            backend,
+            &req.reservation_id,
+            &req.idempotency,
+            None,
+            Some(payment),
+        )
+        .await?;
+        let (reservation, now) = match found {
+            Found::Answered(Ok(reply)) => return Ok(CommitOutcome::Replayed(reply)),
+            Found::Answered(Err(())) => return Ok(CommitOutcome::KeyReused),
+            Found::Missing => return Ok(CommitOutcome::NotFound),
+            Found::Reservation(reservation, now) => (reservation, now),
+        };
+        // Every write below either lands, or finds the state moved (a lost
+        // race, a key or a payment taken by a concurrent request) and reads
+        // again: the payments table's key decides, not this read.
+        let written = match commit_decision(
+            &reservation.reservation_id,
             reservation.status,
-            reservation.payment_reference.as_deref(),
-            payment.as_str(),
+            fate.as_ref(),
         ) {
-            CommitDecision::Commit => {
-                match backend
-                    .commit(&reservation, payment, &req.idempotency)
-                    .await
-                {
-                    Ok(Some(reply)) => return Ok(CommitOutcome::Committed(reply)),
-                    Ok(None) => continue,
-                    Err(e)
-                        if violated_constraint(&e)
-                            .is_some_and(|c| c.contains("payment_reference")) =>
-                    {
-                        let current = reload(backend, &req.reservation_id, now).await?;
-                        return Ok(CommitOutcome::PaymentReferenceUsed(current));
-                    }
-                    Err(e) if is_unique_violation(&e) => continue,
-                    Err(e) => return Err(e),
+            CommitDecision::Commit => backend
+                .commit(&reservation, payment, &req.idempotency)
+                .await
+                .map(|reply| reply.map(CommitOutcome::Committed)),
+            CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
+                let written = backend
+                    .commit_late(&reservation, payment, &req.idempotency)
+                    .await;
+                if let Ok(None) = written {
+                    // Taken meanwhile: the payment is refunded instead.
+                    late_refused = true;
                 }
+                written.map(|reply| reply.map(CommitOutcome::CommittedLate))
             }
+            CommitDecision::Refuse(reason) => backend
+                .refund(&reservation, payment, reason, &req.idempotency, now)
+                .await
+                .map(|reply| Some(CommitOutcome::Refunded { reply, reason })),
             CommitDecision::AlreadyCommittedWithThisPayment => {
                 let current = reload(backend, &req.reservation_id, now).await?;
                 return Ok(CommitOutcome::AlreadyCommitted(current));
             }
-            CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
-                match backend
-                    .commit_late(&reservation, payment, &req.idempotency)
-                    .await
-                {
-                    Ok(Some(reply)) => return Ok(CommitOutcome::CommittedLate(reply)),
-                    // Taken meanwhile: the payment is refunded below.
-                    Ok(None) => late_refused = true,
-                    Err(e)
-                        if violated_constraint(&e)
-                            .is_some_and(|c| c.contains("payment_reference")) =>
-                    {
-                        let current = reload(backend, &req.reservation_id, now).await?;
-                        return Ok(CommitOutcome::PaymentReferenceUsed(current));
-                    }
-                    Err(e) if is_unique_violation(&e) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            CommitDecision::Refuse(reason) if !refunded_before => {
-                match backend
-                    .refund(&reservation, payment, reason, &req.idempotency, now)
-                    .await
-                {
-                    Ok(RefundWrite::Created(reply)) => {
-                        return Ok(CommitOutcome::Refunded { reply, reason })
-                    }
-                    // Refunded before, maybe by a duplicate of this very
-                    // request: read again so that a stored answer replays.
-                    Ok(RefundWrite::Existing) => refunded_before = true,
-                    Err(e) if is_unique_violation(&e) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            CommitDecision::Refuse(reason) => {
-                // This payment was refunded before: answer with that refund,
-                // changing nothing.
+            CommitDecision::RefundedBefore => {
                 let current = reload(backend, &req.reservation_id, now).await?;
+                let refund_id = fate.and_then(|f| f.refund_id);
                 let refund = current
                     .refunds
                     .iter()
-                    .find(|r| r.payment_reference == payment.as_str())
+                    .find(|r| Some(&r.refund_id) == refund_id.as_ref())
                     .cloned()
                     .ok_or_else(|| {
                         StoreError::Corrupt(format!(
@@ -378,12 +387,87 @@ pub(crate) async fn commit<B: Backend>(
                             current.reservation_id
                         ))
                     })?;
+                let reason = refund.reason;
                 let reply = reply::commit_refused(reason, &current, &refund).into_reply();
                 return Ok(CommitOutcome::Refused { reply, reason });
             }
+            CommitDecision::SaleVoided => {
+                let current = reload(backend, &req.reservation_id, now).await?;
+                let refund = own_refund(&current, payment);
+                let reply = reply::sale_voided(&current, refund).into_reply();
+                return Ok(CommitOutcome::SaleVoided(reply));
+            }
+            CommitDecision::UsedElsewhere => {
+                let current = reload(backend, &req.reservation_id, now).await?;
+                let mut fates =
+                    payments(backend, Some(payment.scope), &req.payment_reference).await?;
+                let Some((_, payment)) = fates.pop() else {
+                    // Its fate went away between two reads: impossible
+                    // unless rows were deleted by hand; read again.
+                    continue;
+                };
+                return Ok(CommitOutcome::PaymentReferenceUsed {
+                    reservation: Box::new(current),
+                    payment: Box::new(payment),
+                });
+            }
+        };
+        match written {
+            Ok(Some(outcome)) => return Ok(outcome),
+            Ok(None) => continue,
+            Err(e) if is_unique_violation(&e) => continue,
+            Err(e) => return Err(e),
         }
     }
     Err(contention("commit the reservation"))
+}
+
+/// The refund of a sale's own payment, when its void gave it back.
+fn own_refund<'a>(reservation: &'a Reservation, payment: PaymentKey<'_>) -> Option<&'a Refund> {
+    reservation.refunds.iter().find(|r| {
+        r.reason == RefundReason::SaleVoided
+            && r.payment_reference == payment.reference
+            && Some(&r.payment_scope) == reservation.payment_scope.as_ref()
+    })
+}
+
+/// The fates of `reference` with their reservation and refund: in `scope`,
+/// or in every scope.
+pub(crate) async fn payments<B: Backend>(
+    backend: &B,
+    scope: Option<&str>,
+    reference: &PaymentReference,
+) -> StoreResult<Vec<(String, Payment)>> {
+    let (now, rows) = backend.payment_fates(scope, reference.as_str()).await?;
+    let mut found = Vec::with_capacity(rows.len());
+    for row in rows {
+        let id = super::rows::parse_reservation_id(&row.reservation_id)?;
+        let reservation = reload(backend, &id, now).await?;
+        let key = PaymentKey {
+            scope: &row.scope,
+            reference: &row.reference,
+        };
+        let refund = match &row.refund_id {
+            Some(refund_id) => reservation
+                .refunds
+                .iter()
+                .find(|r| &r.refund_id == refund_id)
+                .cloned(),
+            None => own_refund(&reservation, key).cloned(),
+        };
+        let payment = Payment {
+            payment_reference: row.reference.clone(),
+            fate: if row.refund_id.is_some() {
+                PaymentOutcome::Refunded
+            } else {
+                PaymentOutcome::Bought
+            },
+            reservation,
+            refund,
+        };
+        found.push((row.scope, payment));
+    }
+    Ok(found)
 }
 
 pub(crate) async fn release<B: Backend>(
@@ -478,7 +562,7 @@ pub(crate) async fn void<B: Backend>(backend: &B, req: &VoidRequest) -> StoreRes
         match reservation.status {
             ReservationStatus::Committed => {
                 let written = backend
-                    .void(&reservation, req.refund, &req.idempotency)
+                    .void(&reservation, req.refund, &req.actor, &req.idempotency)
                     .await;
                 if let Some(reply) = moved_on_conflict(written)? {
                     return Ok(VoidOutcome::Voided(reply));

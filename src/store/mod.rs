@@ -17,8 +17,9 @@ pub use error::StoreError;
 
 use crate::config::{Config, DatabaseUrl};
 use crate::domain::{
-    Asset, AssetId, AssetStatus, BuyerId, Event, EventId, IdempotencyKey, PaymentReference, Refund,
-    RefundId, RefundReason, RefundStatus, Reservation, ReservationId, ReservationStatus, Timestamp,
+    Asset, AssetId, AssetStatus, BuyerId, Event, EventId, IdempotencyKey, Payment,
+    PaymentReference, Refund, RefundId, RefundReason, RefundStatus, Reservation, ReservationId,
+    ReservationStatus, Timestamp,
 };
 use crate::reply::Reply;
 
@@ -99,6 +100,8 @@ pub enum HoldOutcome {
 pub struct CommitRequest {
     pub reservation_id: ReservationId,
     pub payment_reference: PaymentReference,
+    /// The scope of the reference: the payments client's key name.
+    pub payment_scope: String,
     pub idempotency: Idempotency,
     /// After the hold lapsed, still sell when nobody held or bought the
     /// asset since (HOLDFAST_LATE_COMMIT=accept-if-free).
@@ -134,6 +137,8 @@ pub struct VoidRequest {
     /// Give the payment back (a SALE_VOIDED refund); false after a chargeback.
     pub refund: bool,
     pub idempotency: Idempotency,
+    /// The API key voiding the sale, named in its events.
+    pub actor: String,
 }
 
 #[derive(Debug)]
@@ -178,7 +183,13 @@ pub enum CommitOutcome {
         reply: Reply,
         reason: RefundReason,
     },
-    PaymentReferenceUsed(Reservation),
+    /// The sale this payment bought was voided: 409, nothing new.
+    SaleVoided(Reply),
+    /// The payment has its fate through another reservation: 409, nothing changed.
+    PaymentReferenceUsed {
+        reservation: Box<Reservation>,
+        payment: Box<Payment>,
+    },
     Replayed(Reply),
     KeyReused,
     NotFound,
@@ -394,12 +405,18 @@ impl Store {
         bounded!(self, "set when the sale opens", s => s.set_available_from(id, available_from))
     }
 
-    pub async fn withdraw(&self, id: &AssetId, force: bool) -> StoreResult<WithdrawOutcome> {
-        bounded!(self, "withdraw the asset", s => s.withdraw(id, force))
+    /// `actor` (the API key acting) is named in the events.
+    pub async fn withdraw(
+        &self,
+        id: &AssetId,
+        force: bool,
+        actor: &str,
+    ) -> StoreResult<WithdrawOutcome> {
+        bounded!(self, "withdraw the asset", s => s.withdraw(id, force, actor))
     }
 
-    pub async fn reinstate(&self, id: &AssetId) -> StoreResult<ReinstateOutcome> {
-        bounded!(self, "reinstate the asset", s => s.reinstate(id))
+    pub async fn reinstate(&self, id: &AssetId, actor: &str) -> StoreResult<ReinstateOutcome> {
+        bounded!(self, "reinstate the asset", s => s.reinstate(id, actor))
     }
 
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
@@ -411,13 +428,24 @@ impl Store {
         bounded!(self, "list assets", s => s.list_assets(page))
     }
 
-    /// `None` when the asset does not exist.
-    pub async fn asset_events(&self, id: &AssetId) -> StoreResult<Option<Vec<Event>>> {
-        bounded!(self, "read an asset's events", s => s.asset_events(id))
+    /// Up to `limit` of the asset's events after sequence number `after`,
+    /// oldest first; `None` when the asset does not exist.
+    pub async fn asset_events(
+        &self,
+        id: &AssetId,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Option<Vec<Event>>> {
+        bounded!(self, "read an asset's events", s => s.asset_events(id, after, limit))
     }
 
-    pub async fn get_reservation(&self, id: &ReservationId) -> StoreResult<Option<Reservation>> {
-        bounded!(self, "read a reservation", s => s.get_reservation(id))
+    /// The reservation; with `visible_to`, only when that client owns it.
+    pub async fn get_reservation(
+        &self,
+        id: &ReservationId,
+        visible_to: Option<&str>,
+    ) -> StoreResult<Option<Reservation>> {
+        bounded!(self, "read a reservation", s => s.get_reservation(id, visible_to))
     }
 
     pub async fn hold(&self, req: &HoldRequest) -> StoreResult<HoldOutcome> {
@@ -438,6 +466,16 @@ impl Store {
 
     pub async fn void(&self, req: &VoidRequest) -> StoreResult<VoidOutcome> {
         bounded!(self, "void the sale", s => flow::void(s, req))
+    }
+
+    /// The fate of `reference` in `scope` (sales recorded before scopes
+    /// count in every scope), or in every scope when `scope` is `None`.
+    pub async fn payments(
+        &self,
+        scope: Option<&str>,
+        reference: &PaymentReference,
+    ) -> StoreResult<Vec<(String, Payment)>> {
+        bounded!(self, "read a payment", s => flow::payments(s, scope, reference))
     }
 
     pub async fn list_reservations(&self, page: &ReservationPage) -> StoreResult<Vec<Reservation>> {

@@ -21,21 +21,20 @@ use futures_util::FutureExt;
 use super::audit::{self, Finding, CHECKS};
 use super::coalesce::Coalescer;
 use super::error::{Abort, Context};
-use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
+use super::flow::{Backend, Claim, HoldDraft, PaymentKey, Snapshot};
 use super::rows::{
     parse_reservation_id, reservation_page_query, with_refunds, Claimed, ClaimedRow, EventRow,
-    FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow,
-    ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
+    FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, PaymentRow, ReadAssetRow,
+    RefundRow, ReservationRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS, HOLDER_COLUMN,
 };
-use super::schema::{assets, events, refunds, reservations};
+use super::schema::{assets, events, payments, refunds, reservations, At};
 use super::{
     AssetPage, Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, RefundPage,
     ReinstateOutcome, ReservationPage, StoreError, StoreResult, StoreSettings, WithdrawOutcome,
 };
 use crate::domain::{
-    withdraw_decision, Asset, AssetId, AssetStatus, Event, EventId, EventType, HoldTarget,
-    PaymentReference, Refund, RefundId, RefundReason, Reservation, ReservationId, Timestamp,
-    WithdrawDecision,
+    withdraw_decision, Asset, AssetId, AssetStatus, Event, EventId, EventType, HoldTarget, Refund,
+    RefundId, RefundReason, Reservation, ReservationId, Timestamp, WithdrawDecision,
 };
 use crate::reply::{self, Reply};
 
@@ -256,7 +255,12 @@ impl PgStore {
 
     /// Takes an asset off sale under its row lock; with `force`, a live
     /// hold is released first. A lapsed hold is expired first.
-    pub async fn withdraw(&self, id: &AssetId, force: bool) -> StoreResult<WithdrawOutcome> {
+    pub async fn withdraw(
+        &self,
+        id: &AssetId,
+        force: bool,
+        actor: &str,
+    ) -> StoreResult<WithdrawOutcome> {
         let mut conn = self.conn().await?;
         let id = id.to_string();
         conn.transaction(async |c| {
@@ -289,11 +293,11 @@ impl PgStore {
                     .into_reservation()?;
                     let sequence = next_sequence(c, &id).await?;
                     let data = reply::reservation_ok(&released).body;
-                    insert_event(
-                        c,
-                        &NewEvent::new(&id, sequence, EventType::ReservationReleased, data, now),
-                    )
-                    .await?;
+                    let event =
+                        NewEvent::new(&id, sequence, EventType::ReservationReleased, data, now)
+                            .about(&released.reservation_id)
+                            .by(actor);
+                    insert_event(c, &event).await?;
                 }
                 WithdrawDecision::Withdraw => {}
             }
@@ -310,18 +314,15 @@ impl PgStore {
             let sequence = row.asset.last_event_sequence;
             let asset = row.asset.into_asset(now)?;
             let data = serde_json::to_string(&asset).unwrap_or_default();
-            insert_event(
-                c,
-                &NewEvent::new(&id, sequence, EventType::AssetWithdrawn, data, now),
-            )
-            .await?;
+            let event = NewEvent::new(&id, sequence, EventType::AssetWithdrawn, data, now).by(actor);
+            insert_event(c, &event).await?;
             Ok(WithdrawOutcome::Withdrawn(asset))
         })
         .await
     }
 
     /// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
-    pub async fn reinstate(&self, id: &AssetId) -> StoreResult<ReinstateOutcome> {
+    pub async fn reinstate(&self, id: &AssetId, actor: &str) -> StoreResult<ReinstateOutcome> {
         let mut conn = self.conn().await?;
         let id = id.to_string();
         conn.transaction(async |c| {
@@ -339,11 +340,9 @@ impl PgStore {
                 let (now, sequence) = (row.now, row.asset.last_event_sequence);
                 let asset = row.asset.into_asset(now)?;
                 let data = serde_json::to_string(&asset).unwrap_or_default();
-                insert_event(
-                    c,
-                    &NewEvent::new(&id, sequence, EventType::AssetReinstated, data, now),
-                )
-                .await?;
+                let event =
+                    NewEvent::new(&id, sequence, EventType::AssetReinstated, data, now).by(actor);
+                insert_event(c, &event).await?;
                 return Ok(ReinstateOutcome::Reinstated(asset));
             }
             let row = sql_query("SELECT now() AS now, * FROM assets WHERE id = $1")
@@ -362,38 +361,43 @@ impl PgStore {
 
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
         let mut conn = self.conn().await?;
-        let row = sql_query("SELECT now() AS now, * FROM assets WHERE id = $1")
-            .bind::<Text, _>(id.as_str())
-            .get_result::<NowAssetRow>(&mut conn)
-            .await
-            .optional()
-            .context("read an asset")?;
-        row.map(|r| r.asset.into_asset(r.now)).transpose()
+        let row = sql_query(format!(
+            "SELECT now() AS now, a.*, {HOLDER_COLUMN} FROM assets a WHERE a.id = $1"
+        ))
+        .bind::<Text, _>(id.as_str())
+        .get_result::<ReadAssetRow>(&mut conn)
+        .await
+        .optional()
+        .context("read an asset")?;
+        row.map(ReadAssetRow::into_asset).transpose()
     }
 
     pub async fn list_assets(&self, page: &AssetPage) -> StoreResult<Vec<Asset>> {
         let mut conn = self.conn().await?;
-        let rows = sql_query(
-            "SELECT now() AS now, * FROM assets \
+        let rows = sql_query(format!(
+            "SELECT now() AS now, a.*, {HOLDER_COLUMN} FROM assets a \
              WHERE ($1::text IS NULL OR id > $1) AND CASE $2::text \
                WHEN 'AVAILABLE' THEN status = 'AVAILABLE' OR (status = 'HELD' AND hold_expires_at <= now()) \
                WHEN 'HELD' THEN status = 'HELD' AND hold_expires_at > now() \
                WHEN 'SOLD' THEN status = 'SOLD' WHEN 'WITHDRAWN' THEN status = 'WITHDRAWN' \
                ELSE true END \
-             ORDER BY id LIMIT $3",
-        )
+             ORDER BY id LIMIT $3"
+        ))
         .bind::<Nullable<Text>, _>(page.after.as_deref())
         .bind::<Nullable<Text>, _>(page.status.map(AssetStatus::as_str))
         .bind::<BigInt, _>(page.limit)
-        .load::<NowAssetRow>(&mut conn)
+        .load::<ReadAssetRow>(&mut conn)
         .await
         .context("list assets")?;
-        rows.into_iter()
-            .map(|r| r.asset.into_asset(r.now))
-            .collect()
+        rows.into_iter().map(ReadAssetRow::into_asset).collect()
     }
 
-    pub async fn asset_events(&self, id: &AssetId) -> StoreResult<Option<Vec<Event>>> {
+    pub async fn asset_events(
+        &self,
+        id: &AssetId,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Option<Vec<Event>>> {
         let mut conn = self.conn().await?;
         let exists = assets::table
             .find(id.as_str())
@@ -408,7 +412,9 @@ impl PgStore {
         }
         let rows = events::table
             .filter(events::asset_id.eq(id.as_str()))
+            .filter(events::sequence.gt(after))
             .order(events::sequence.asc())
+            .limit(limit)
             .select(EventRow::as_select())
             .load::<EventRow>(&mut conn)
             .await
@@ -419,10 +425,16 @@ impl PgStore {
             .map(Some)
     }
 
-    pub async fn get_reservation(&self, id: &ReservationId) -> StoreResult<Option<Reservation>> {
+    /// The reservation, when `visible_to` (if given) owns it: another
+    /// client's is not read beyond the filter, exactly like a missing one.
+    pub async fn get_reservation(
+        &self,
+        id: &ReservationId,
+        visible_to: Option<&str>,
+    ) -> StoreResult<Option<Reservation>> {
         let mut conn = self.conn().await?;
         let now = db_now(&mut conn).await?;
-        load_reservation(&mut conn, id, now).await
+        load_visible_reservation(&mut conn, id, now, visible_to).await
     }
 
     /// One page of reservations, newest first, with their refunds.
@@ -605,6 +617,7 @@ impl Backend for PgStore {
             now: key.now,
             row: refund.map(RefundRow::into_refund).transpose()?,
             stored: key.stored.into_answer(),
+            fate: None,
         })
     }
 
@@ -638,7 +651,8 @@ impl Backend for PgStore {
                     EventType::RefundCompleted,
                     reply.body.clone(),
                     now,
-                );
+                )
+                .about(&completed.reservation_id);
                 record(
                     c,
                     &event,
@@ -739,30 +753,43 @@ impl Backend for PgStore {
         &self,
         id: &ReservationId,
         idempotency: &Idempotency,
+        payment: Option<PaymentKey<'_>>,
     ) -> StoreResult<Snapshot<Reservation>> {
         let mut conn = self.conn().await?;
-        let row = Prepared(
-            sql_query(
-                "SELECT now() AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at, \
-                        r.committed_at, r.released_at, r.payment_reference, r.owner, r.voided_at, \
-                        i.fingerprint, i.status_code, i.body, i.location \
-                 FROM (SELECT 1) AS one \
-                 LEFT JOIN reservations r ON r.id = $1 \
-                 LEFT JOIN idempotency_keys i ON i.scope = $2 AND i.key = $3",
-            )
-            .bind::<Text, _>(id.to_string())
-            .bind::<Text, _>(&idempotency.scope)
-            .bind::<Text, _>(idempotency.key.as_str()),
+        Prepared(
+            sql_query(RESERVATION_SNAPSHOT_SQL)
+                .bind::<Text, _>(id.to_string())
+                .bind::<Text, _>(&idempotency.scope)
+                .bind::<Text, _>(idempotency.key.as_str())
+                .bind::<Nullable<Text>, _>(payment.map(|p| p.scope))
+                .bind::<Nullable<Text>, _>(payment.map(|p| p.reference)),
         )
         .get_result::<ReservationSnapshotRow>(&mut conn)
         .await
-        .context("read the reservation")?;
-        let reservation = row.reservation.into_reservation()?;
-        Ok(Snapshot {
-            now: row.now,
-            row: reservation,
-            stored: row.stored.into_answer(),
-        })
+        .context("read the reservation")?
+        .into_snapshot()
+    }
+
+    async fn payment_fates(
+        &self,
+        scope: Option<&str>,
+        reference: &str,
+    ) -> StoreResult<(Timestamp, Vec<PaymentRow>)> {
+        let mut conn = self.conn().await?;
+        let now = db_now(&mut conn).await?;
+        let mut query = payments::table
+            .filter(payments::reference.eq(reference))
+            .select(PaymentRow::as_select())
+            .order(payments::scope.desc())
+            .into_boxed();
+        if let Some(scope) = scope {
+            query = query.filter(payments::scope.eq_any([scope, ""]));
+        }
+        let rows = query
+            .load::<PaymentRow>(&mut conn)
+            .await
+            .context("read a payment")?;
+        Ok((now, rows))
     }
 
     async fn load_reservation(
@@ -777,7 +804,7 @@ impl Backend for PgStore {
     async fn commit(
         &self,
         reservation: &Reservation,
-        payment: &PaymentReference,
+        payment: PaymentKey<'_>,
         idempotency: &Idempotency,
     ) -> StoreResult<Option<Reply>> {
         let mut conn = self.conn().await?;
@@ -793,11 +820,11 @@ impl Backend for PgStore {
     async fn refund(
         &self,
         reservation: &Reservation,
-        payment: &PaymentReference,
+        payment: PaymentKey<'_>,
         reason: RefundReason,
         idempotency: &Idempotency,
         now: Timestamp,
-    ) -> StoreResult<RefundWrite> {
+    ) -> StoreResult<Reply> {
         let mut conn = self.conn().await?;
         let result = conn
             .transaction(async |c| {
@@ -805,10 +832,17 @@ impl Backend for PgStore {
                 // timeline reads held → expired → refund requested.
                 expire_lapsed(c, Some(&reservation.asset_id), now, 1).await?;
                 let sequence = next_sequence(c, &reservation.asset_id).await?;
-                let refund = Refund::requested(reservation, payment.as_str(), reason, now);
-                if !insert_refund(c, &refund).await? {
-                    return Err(Abort::Retry);
-                }
+                let refund =
+                    Refund::requested(reservation, payment.scope, payment.reference, reason, now);
+                insert_refund(c, &refund).await?;
+                record_fate(
+                    c,
+                    payment,
+                    &refund.reservation_id,
+                    Some(&refund.refund_id),
+                    now,
+                )
+                .await?;
                 let id = parse_reservation_id(&reservation.reservation_id)?;
                 let current = load_reservation(c, &id, now)
                     .await?
@@ -820,12 +854,13 @@ impl Backend for PgStore {
                     EventType::RefundRequested,
                     serde_json::to_string(&refund).unwrap_or_default(),
                     now,
-                );
+                )
+                .about(&refund.reservation_id);
                 record(c, &event, idempotency, &reply, &refund.reservation_id, now).await?;
                 Ok(reply)
             })
             .await;
-        Abort::settle(result.map(RefundWrite::Created), RefundWrite::Existing)
+        result.map_err(Abort::into_error)
     }
 
     async fn release(
@@ -879,7 +914,8 @@ impl Backend for PgStore {
                     EventType::ReservationExtended,
                     reply.body.clone(),
                     now,
-                );
+                )
+                .about(&updated.reservation_id);
                 record(c, &event, idempotency, &reply, &updated.reservation_id, now).await?;
                 Ok(reply)
             })
@@ -891,6 +927,7 @@ impl Backend for PgStore {
         &self,
         reservation: &Reservation,
         refund: bool,
+        actor: &str,
         idempotency: &Idempotency,
     ) -> StoreResult<Option<Reply>> {
         let mut conn = self.conn().await?;
@@ -918,22 +955,37 @@ impl Backend for PgStore {
                 let voided = row.reservation.into_reservation()?;
                 let now = voided.voided_at.unwrap_or(voided.created_at);
                 let data = reply::reservation_ok(&voided).body;
-                insert_event(
-                    c,
-                    &NewEvent::new(&voided.asset_id, row.event_sequence, EventType::ReservationVoided, data, now),
+                let event = NewEvent::new(
+                    &voided.asset_id,
+                    row.event_sequence,
+                    EventType::ReservationVoided,
+                    data,
+                    now,
                 )
-                .await?;
-                if let (true, Some(payment)) = (refund, voided.payment_reference.as_deref()) {
-                    let refund = Refund::requested(&voided, payment, RefundReason::SaleVoided, now);
-                    if insert_refund(c, &refund).await? {
-                        let sequence = next_sequence(c, &voided.asset_id).await?;
-                        let data = serde_json::to_string(&refund).unwrap_or_default();
-                        insert_event(
-                            c,
-                            &NewEvent::new(&voided.asset_id, sequence, EventType::RefundRequested, data, now),
-                        )
-                        .await?;
-                    }
+                .about(&voided.reservation_id)
+                .by(actor);
+                insert_event(c, &event).await?;
+                if let (true, Some(payment), Some(scope)) = (
+                    refund,
+                    voided.payment_reference.as_deref(),
+                    voided.payment_scope.as_deref(),
+                ) {
+                    // Part of the payment's one fate: it bought this sale.
+                    let refund =
+                        Refund::requested(&voided, scope, payment, RefundReason::SaleVoided, now);
+                    insert_refund(c, &refund).await?;
+                    let sequence = next_sequence(c, &voided.asset_id).await?;
+                    let data = serde_json::to_string(&refund).unwrap_or_default();
+                    let event = NewEvent::new(
+                        &voided.asset_id,
+                        sequence,
+                        EventType::RefundRequested,
+                        data,
+                        now,
+                    )
+                    .about(&voided.reservation_id)
+                    .by(actor);
+                    insert_event(c, &event).await?;
                 }
                 let id = parse_reservation_id(&voided.reservation_id)?;
                 let current = load_reservation(c, &id, now)
@@ -950,7 +1002,7 @@ impl Backend for PgStore {
     async fn commit_late(
         &self,
         reservation: &Reservation,
-        payment: &PaymentReference,
+        payment: PaymentKey<'_>,
         idempotency: &Idempotency,
     ) -> StoreResult<Option<Reply>> {
         let mut conn = self.conn().await?;
@@ -960,26 +1012,15 @@ impl Backend for PgStore {
                 // The lapsed hold, if nobody swept it yet, expires first
                 // (waiting for a janitor expiring it right now).
                 expire_lapsed(c, Some(&reservation.asset_id), now, 1).await?;
-                let row = sql_query(
-                    "WITH a AS ( \
-                       UPDATE assets SET status = 'SOLD', current_reservation_id = $1, hold_expires_at = NULL, \
-                              version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now() \
-                       WHERE id = $2 AND status = 'AVAILABLE' \
-                         AND NOT EXISTS (SELECT 1 FROM reservations o WHERE o.asset_id = $2 AND o.id <> $1 \
-                               AND o.created_at >= (SELECT created_at FROM reservations WHERE id = $1)) \
-                         AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.reservation_id = $1 AND f.payment_reference = $3) \
-                       RETURNING last_event_sequence) \
-                     UPDATE reservations SET status = 'COMMITTED', committed_at = now(), payment_reference = $3 \
-                     WHERE id = $1 AND status = 'EXPIRED' AND EXISTS (SELECT 1 FROM a) \
-                     RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
-                )
-                .bind::<Text, _>(&reservation.reservation_id)
-                .bind::<Text, _>(&reservation.asset_id)
-                .bind::<Text, _>(payment.as_str())
-                .get_result::<TransitionRow>(c)
-                .await
-                .optional()
-                .context("sell to a late payment")?;
+                let row = sql_query(COMMIT_LATE_SQL)
+                    .bind::<Text, _>(&reservation.reservation_id)
+                    .bind::<Text, _>(&reservation.asset_id)
+                    .bind::<Text, _>(payment.reference)
+                    .bind::<Text, _>(payment.scope)
+                    .get_result::<TransitionRow>(c)
+                    .await
+                    .optional()
+                    .context("sell to a late payment")?;
                 let Some(row) = row else {
                     return Err(Abort::Retry);
                 };
@@ -991,7 +1032,8 @@ impl Backend for PgStore {
                     EventType::ReservationCommitted,
                     reply.body.clone(),
                     now,
-                );
+                )
+                .about(&updated.reservation_id);
                 record(c, &event, idempotency, &reply, &updated.reservation_id, now).await?;
                 Ok(reply)
             })
@@ -1000,29 +1042,87 @@ impl Backend for PgStore {
     }
 }
 
-/// Records a refund unless this payment of this reservation has one; whether
-/// it was new.
-async fn insert_refund(conn: &mut AsyncPgConnection, refund: &Refund) -> StoreResult<bool> {
-    let inserted = sql_query(
-        "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) \
-         ON CONFLICT (reservation_id, payment_reference) DO NOTHING",
-    )
-    .bind::<Text, _>(&refund.refund_id)
-    .bind::<Text, _>(&refund.reservation_id)
-    .bind::<Text, _>(&refund.asset_id)
-    .bind::<Text, _>(&refund.payment_reference)
-    .bind::<Text, _>(refund.reason.as_str())
-    .bind::<Text, _>(refund.status.as_str())
-    .bind::<Timestamptz, _>(refund.created_at)
-    .execute(conn)
-    .await
-    .context("record a refund")?;
-    Ok(inserted > 0)
+/// A late payment buys the asset of its lapsed hold when nobody held or
+/// bought the asset since: one conditional update, and the payment's fate.
+const COMMIT_LATE_SQL: &str = "\
+WITH a AS (
+    UPDATE assets SET status = 'SOLD', current_reservation_id = $1, hold_expires_at = NULL,
+           version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now()
+     WHERE id = $2 AND status = 'AVAILABLE'
+       AND NOT EXISTS (SELECT 1 FROM reservations o WHERE o.asset_id = $2 AND o.id <> $1
+             AND o.created_at >= (SELECT created_at FROM reservations WHERE id = $1))
+ RETURNING last_event_sequence
+), r AS (
+    UPDATE reservations SET status = 'COMMITTED', committed_at = now(), payment_reference = $3,
+           payment_scope = $4
+     WHERE id = $1 AND status = 'EXPIRED' AND EXISTS (SELECT 1 FROM a)
+ RETURNING *
+), fate AS (
+    INSERT INTO payments (scope, reference, reservation_id, created_at)
+    SELECT $4, $3, id, committed_at FROM r
+)
+SELECT r.*, (SELECT last_event_sequence FROM a) AS event_sequence FROM r";
+
+/// Records a refund; a unique violation when this payment of this
+/// reservation has one.
+async fn insert_refund(conn: &mut AsyncPgConnection, refund: &Refund) -> StoreResult<()> {
+    diesel::insert_into(refunds::table)
+        .values((
+            refunds::id.eq(&refund.refund_id),
+            refunds::reservation_id.eq(&refund.reservation_id),
+            refunds::asset_id.eq(&refund.asset_id),
+            refunds::payment_reference.eq(&refund.payment_reference),
+            refunds::payment_scope.eq(&refund.payment_scope),
+            refunds::reason.eq(refund.reason.as_str()),
+            refunds::status.eq(refund.status.as_str()),
+            refunds::created_at.eq(At(refund.created_at)),
+        ))
+        .execute(conn)
+        .await
+        .context("record a refund")?;
+    Ok(())
 }
 
+/// Records a payment's one fate: it bought `reservation_id`, or `refund_id`
+/// gives it back. A unique violation when it has one already.
+async fn record_fate(
+    conn: &mut AsyncPgConnection,
+    payment: PaymentKey<'_>,
+    reservation_id: &str,
+    refund_id: Option<&str>,
+    now: Timestamp,
+) -> StoreResult<()> {
+    diesel::insert_into(payments::table)
+        .values((
+            payments::scope.eq(payment.scope),
+            payments::reference.eq(payment.reference),
+            payments::reservation_id.eq(reservation_id),
+            payments::refund_id.eq(refund_id),
+            payments::created_at.eq(At(now)),
+        ))
+        .execute(conn)
+        .await
+        .context("record the payment's fate")?;
+    Ok(())
+}
+
+/// A reservation's first read: the database clock, the reservation, the
+/// answer stored under the key, and the fate of the payment a commit carries
+/// ($4 scope, $5 reference; NULL for other requests). Sales recorded before
+/// scopes (scope '') count in every scope.
+const RESERVATION_SNAPSHOT_SQL: &str = "\
+SELECT now() AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at,
+       r.committed_at, r.released_at, r.payment_reference, r.owner, r.voided_at, r.payment_scope,
+       i.fingerprint, i.status_code, i.body, i.location,
+       p.reservation_id AS fate_reservation_id, p.refund_id AS fate_refund_id
+  FROM (SELECT 1) AS one
+  LEFT JOIN reservations r ON r.id = $1
+  LEFT JOIN idempotency_keys i ON i.scope = $2 AND i.key = $3
+  LEFT JOIN payments p ON p.reference = $5 AND p.scope IN ($4, '')
+ ORDER BY p.scope DESC NULLS LAST LIMIT 1";
+
 enum Transition<'a> {
-    Commit(&'a PaymentReference),
+    Commit(PaymentKey<'a>),
     Release,
 }
 
@@ -1037,18 +1137,7 @@ async fn finish_transition(
     transition: Transition<'_>,
 ) -> StoreResult<Option<Reply>> {
     let (sql, payment, event_type) = match transition {
-        Transition::Commit(payment) => (
-            "WITH a AS ( \
-               UPDATE assets SET status = 'SOLD', hold_expires_at = NULL, version = version + 1, \
-                      last_event_sequence = last_event_sequence + 1, updated_at = now() \
-               WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > now() \
-               RETURNING last_event_sequence) \
-             UPDATE reservations SET status = 'COMMITTED', committed_at = now(), payment_reference = $3 \
-             WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a) \
-             RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
-            Some(payment.as_str()),
-            EventType::ReservationCommitted,
-        ),
+        Transition::Commit(payment) => (COMMIT_SQL, Some(payment), EventType::ReservationCommitted),
         Transition::Release => (
             "WITH a AS ( \
                UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
@@ -1069,9 +1158,13 @@ async fn finish_transition(
                 .bind::<Text, _>(&reservation.asset_id);
             let row = match payment {
                 Some(payment) => {
-                    Prepared(query.bind::<Text, _>(payment))
-                        .get_result::<TransitionRow>(c)
-                        .await
+                    Prepared(
+                        query
+                            .bind::<Text, _>(payment.reference)
+                            .bind::<Text, _>(payment.scope),
+                    )
+                    .get_result::<TransitionRow>(c)
+                    .await
                 }
                 None => Prepared(query).get_result::<TransitionRow>(c).await,
             }
@@ -1094,13 +1187,35 @@ async fn finish_transition(
                 event_type,
                 reply.body.clone(),
                 now,
-            );
+            )
+            .about(&updated.reservation_id);
             record(c, &event, idempotency, &reply, &updated.reservation_id, now).await?;
             Ok(reply)
         })
         .await;
     Abort::settle(result.map(Some), None)
 }
+
+/// The sale of a live hold: the asset first (lock order: asset, then
+/// reservation), guarded by status, owner and expiry at the statement's own
+/// now(); then the reservation and the payment's fate ($3 reference, $4
+/// scope), whose key fails the statement when the payment has one already.
+const COMMIT_SQL: &str = "\
+WITH a AS (
+    UPDATE assets SET status = 'SOLD', hold_expires_at = NULL, version = version + 1,
+           last_event_sequence = last_event_sequence + 1, updated_at = now()
+     WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > now()
+ RETURNING last_event_sequence
+), r AS (
+    UPDATE reservations SET status = 'COMMITTED', committed_at = now(), payment_reference = $3,
+           payment_scope = $4
+     WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a)
+ RETURNING *
+), fate AS (
+    INSERT INTO payments (scope, reference, reservation_id, created_at)
+    SELECT $4, $3, id, committed_at FROM r
+)
+SELECT r.*, (SELECT last_event_sequence FROM a) AS event_sequence FROM r";
 
 /// A hold's first read: the database clock, the asset and the answer stored
 /// under the key, from one snapshot. Losers stop here.
@@ -1246,8 +1361,8 @@ WITH live AS (
     SELECT $2, id, $3, 'HELD', $5, $4, $13 FROM claimed
  RETURNING id
 ), event AS (
-    INSERT INTO events (id, asset_id, sequence, type, data, created_at)
-    SELECT $6, id, last_event_sequence, 'reservation.held', $7, $4 FROM claimed
+    INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner)
+    SELECT $6, id, last_event_sequence, 'reservation.held', $7, $4, $13 FROM claimed
 ), answer AS (
     INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at)
     SELECT $8, $9, $10, $11, $7, $12, id, $4 FROM reservation
@@ -1308,13 +1423,16 @@ async fn expire_lapsed(
     for row in rows {
         let reservation = row.reservation.into_reservation()?;
         let data = serde_json::to_string(&reservation).unwrap_or_default();
-        new_events.push(NewEvent::new(
-            &reservation.asset_id,
-            row.event_sequence,
-            EventType::ReservationExpired,
-            data,
-            now,
-        ));
+        new_events.push(
+            NewEvent::new(
+                &reservation.asset_id,
+                row.event_sequence,
+                EventType::ReservationExpired,
+                data,
+                now,
+            )
+            .about(&reservation.reservation_id),
+        );
     }
     let count = new_events.len();
     for event in &new_events {
@@ -1374,19 +1492,26 @@ async fn store_answer(
     Ok(())
 }
 
+/// An event; its owner is the owner of the reservation it reports ($7).
+const INSERT_EVENT_SQL: &str = "\
+INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner, actor)
+VALUES ($1, $2, $3, $4, $5, $6, (SELECT owner FROM reservations WHERE id = $7), $8)";
+
 async fn insert_event(conn: &mut AsyncPgConnection, event: &NewEvent) -> StoreResult<()> {
     Prepared(
-        sql_query("INSERT INTO events (id, asset_id, sequence, type, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)")
+        sql_query(INSERT_EVENT_SQL)
             .bind::<Text, _>(&event.id)
             .bind::<Text, _>(&event.asset_id)
             .bind::<BigInt, _>(event.sequence)
             .bind::<Text, _>(event.event_type.as_str())
             .bind::<Text, _>(&event.data)
-            .bind::<Timestamptz, _>(event.created_at),
+            .bind::<Timestamptz, _>(event.created_at)
+            .bind::<Nullable<Text>, _>(event.reservation_id.as_deref())
+            .bind::<Nullable<Text>, _>(event.actor.as_deref()),
     )
     .execute(conn)
-        .await
-        .context("record an event")?;
+    .await
+    .context("record an event")?;
     Ok(())
 }
 
@@ -1402,10 +1527,24 @@ async fn load_reservation(
     id: &ReservationId,
     now: Timestamp,
 ) -> StoreResult<Option<Reservation>> {
+    load_visible_reservation(conn, id, now, None).await
+}
+
+async fn load_visible_reservation(
+    conn: &mut AsyncPgConnection,
+    id: &ReservationId,
+    now: Timestamp,
+    visible_to: Option<&str>,
+) -> StoreResult<Option<Reservation>> {
     let id = id.to_string();
-    let row = reservations::table
+    let mut query = reservations::table
         .find(&id)
         .select(ReservationRow::as_select())
+        .into_boxed();
+    if let Some(owner) = visible_to {
+        query = query.filter(reservations::owner.eq(owner));
+    }
+    let row = query
         .first::<ReservationRow>(conn)
         .await
         .optional()

@@ -4,11 +4,11 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::QueryableByName;
 
-use super::schema::{assets, events, refunds, reservations, Instant};
+use super::schema::{assets, events, payments, refunds, reservations, Instant};
 use super::{StoreError, StoreResult, StoredAnswer};
 use crate::domain::{
-    Asset, AssetStatus, Event, EventId, EventType, HoldTarget, Refund, RefundReason, RefundStatus,
-    Reservation, ReservationId, ReservationStatus, Timestamp,
+    Asset, AssetStatus, Event, EventId, EventType, HoldTarget, PaymentFate, Refund, RefundReason,
+    RefundStatus, Reservation, ReservationId, ReservationStatus, Timestamp,
 };
 
 /// The reservations of a page with their refunds, by effective status at `now`.
@@ -118,6 +118,7 @@ impl AssetRow {
             version: self.version,
             created_at: self.created_at,
             updated_at: self.updated_at,
+            holder: None,
         }
         .effective(now))
     }
@@ -130,6 +131,29 @@ pub(crate) struct NowAssetRow {
     #[diesel(embed)]
     pub(crate) asset: AssetRow,
 }
+
+/// An asset read for a client, with the owner of its current reservation.
+#[derive(QueryableByName)]
+pub(crate) struct ReadAssetRow {
+    #[diesel(sql_type = Instant)]
+    pub(crate) now: Timestamp,
+    #[diesel(embed)]
+    pub(crate) asset: AssetRow,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) holder: Option<String>,
+}
+
+impl ReadAssetRow {
+    pub(crate) fn into_asset(self) -> StoreResult<Asset> {
+        let mut asset = self.asset.into_asset(self.now)?;
+        asset.holder = self.holder;
+        Ok(asset)
+    }
+}
+
+/// The owner of an asset's current reservation, as a column of `a`.
+pub(crate) const HOLDER_COLUMN: &str =
+    "(SELECT owner FROM reservations h WHERE h.id = a.current_reservation_id) AS holder";
 
 #[derive(QueryableByName, Selectable, Queryable)]
 #[diesel(table_name = reservations, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
@@ -145,6 +169,7 @@ pub(crate) struct ReservationRow {
     pub(crate) payment_reference: Option<String>,
     pub(crate) owner: String,
     pub(crate) voided_at: Option<Timestamp>,
+    pub(crate) payment_scope: Option<String>,
 }
 
 impl ReservationRow {
@@ -163,6 +188,7 @@ impl ReservationRow {
             voided_at: self.voided_at,
             refunds: Vec::new(),
             owner: self.owner,
+            payment_scope: self.payment_scope,
         })
     }
 }
@@ -200,6 +226,8 @@ pub(crate) struct MaybeReservationRow {
     pub(crate) owner: Option<String>,
     #[diesel(sql_type = Nullable<Instant>)]
     pub(crate) voided_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) payment_scope: Option<String>,
 }
 
 impl MaybeReservationRow {
@@ -234,6 +262,7 @@ impl MaybeReservationRow {
             payment_reference: self.payment_reference,
             owner: self.owner.unwrap_or_default(),
             voided_at: self.voided_at,
+            payment_scope: self.payment_scope,
         }
         .into_reservation()
         .map(Some)
@@ -292,6 +321,7 @@ impl HoldSnapshotRow {
             now: self.now,
             row,
             stored: self.stored.into_answer(),
+            fate: None,
         })
     }
 }
@@ -304,6 +334,47 @@ pub(crate) struct ReservationSnapshotRow {
     pub(crate) reservation: MaybeReservationRow,
     #[diesel(embed)]
     pub(crate) stored: MaybeStoredRow,
+    #[diesel(embed)]
+    pub(crate) fate: MaybeFateRow,
+}
+
+impl ReservationSnapshotRow {
+    pub(crate) fn into_snapshot(self) -> StoreResult<super::flow::Snapshot<Reservation>> {
+        Ok(super::flow::Snapshot {
+            now: self.now,
+            row: self.reservation.into_reservation()?,
+            stored: self.stored.into_answer(),
+            fate: self.fate.into_fate(),
+        })
+    }
+}
+
+/// The columns of a LEFT JOINed payment fate, all nullable.
+#[derive(QueryableByName)]
+pub(crate) struct MaybeFateRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) fate_reservation_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) fate_refund_id: Option<String>,
+}
+
+impl MaybeFateRow {
+    pub(crate) fn into_fate(self) -> Option<PaymentFate> {
+        Some(PaymentFate {
+            reservation_id: self.fate_reservation_id?,
+            refund_id: self.fate_refund_id,
+        })
+    }
+}
+
+/// One payment reference's fate in one scope.
+#[derive(Selectable, Queryable, QueryableByName)]
+#[diesel(table_name = payments, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
+pub(crate) struct PaymentRow {
+    pub(crate) scope: String,
+    pub(crate) reference: String,
+    pub(crate) reservation_id: String,
+    pub(crate) refund_id: Option<String>,
 }
 
 #[derive(QueryableByName)]
@@ -325,6 +396,7 @@ pub(crate) struct RefundRow {
     pub(crate) status: String,
     pub(crate) created_at: Timestamp,
     pub(crate) completed_at: Option<Timestamp>,
+    pub(crate) payment_scope: String,
 }
 
 impl RefundRow {
@@ -338,6 +410,7 @@ impl RefundRow {
             status: parse_status(RefundStatus::parse, &self.status)?,
             created_at: self.created_at,
             completed_at: self.completed_at,
+            payment_scope: self.payment_scope,
         })
     }
 }
@@ -351,6 +424,8 @@ pub(crate) struct EventRow {
     pub(crate) event_type: String,
     pub(crate) data: String,
     pub(crate) created_at: Timestamp,
+    pub(crate) owner: Option<String>,
+    pub(crate) actor: Option<String>,
 }
 
 impl EventRow {
@@ -364,6 +439,8 @@ impl EventRow {
             sequence: self.sequence,
             created_at: self.created_at,
             data,
+            actor: self.actor,
+            owner: self.owner,
         })
     }
 }
@@ -375,6 +452,9 @@ pub(crate) struct NewEvent {
     pub(crate) event_type: EventType,
     pub(crate) data: String,
     pub(crate) created_at: Timestamp,
+    /// The reservation the event reports, whose owner the event records.
+    pub(crate) reservation_id: Option<String>,
+    pub(crate) actor: Option<String>,
 }
 
 impl NewEvent {
@@ -392,13 +472,27 @@ impl NewEvent {
             event_type,
             data,
             created_at,
+            reservation_id: None,
+            actor: None,
         }
+    }
+
+    /// The event reports this reservation.
+    pub(crate) fn about(mut self, reservation_id: &str) -> Self {
+        self.reservation_id = Some(reservation_id.to_owned());
+        self
+    }
+
+    /// This API key caused it.
+    pub(crate) fn by(mut self, actor: &str) -> Self {
+        self.actor = Some(actor.to_owned());
+        self
     }
 }
 
 /// The columns of an [`EventRow`] in raw SQL (`type` is a keyword in Rust).
 pub(crate) const EVENT_COLUMNS: &str =
-    "id, asset_id, sequence, type AS event_type, data, created_at";
+    "id, asset_id, sequence, type AS event_type, data, created_at, owner, actor";
 
 /// An event claimed for delivery, with the attempt it is on.
 #[derive(QueryableByName)]

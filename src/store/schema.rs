@@ -80,6 +80,7 @@ diesel::table! {
         payment_reference -> Nullable<Text>,
         owner -> Text,
         voided_at -> Nullable<Instant>,
+        payment_scope -> Nullable<Text>,
     }
 }
 
@@ -96,6 +97,7 @@ diesel::table! {
         status -> Text,
         created_at -> Instant,
         completed_at -> Nullable<Instant>,
+        payment_scope -> Text,
     }
 }
 
@@ -116,6 +118,8 @@ diesel::table! {
         delivered_at -> Nullable<Instant>,
         dead_at -> Nullable<Instant>,
         last_error -> Nullable<Text>,
+        owner -> Nullable<Text>,
+        actor -> Nullable<Text>,
     }
 }
 
@@ -135,6 +139,19 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use super::Instant;
+
+    payments (scope, reference) {
+        scope -> Text,
+        reference -> Text,
+        reservation_id -> Text,
+        refund_id -> Nullable<Text>,
+        created_at -> Instant,
+    }
+}
+
 diesel::joinable!(reservations -> assets (asset_id));
 diesel::joinable!(refunds -> reservations (reservation_id));
 diesel::joinable!(events -> assets (asset_id));
@@ -144,7 +161,8 @@ diesel::allow_tables_to_appear_in_same_query!(
     reservations,
     refunds,
     events,
-    idempotency_keys
+    idempotency_keys,
+    payments
 );
 
 /// An instant bound into a query built with diesel's DSL.

@@ -17,21 +17,21 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::audit::{self, Finding, CHECKS};
 use super::error::{Abort, Context};
-use super::flow::{Backend, Claim, HoldDraft, RefundWrite, Snapshot};
+use super::flow::{Backend, Claim, HoldDraft, PaymentKey, Snapshot};
 use super::rows::{
     parse_reservation_id, reservation_page_query, with_refunds, ClaimedRow, Count, EventRow,
-    FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, RefundRow, ReservationRow,
-    ReservationSnapshotRow, EVENT_COLUMNS,
+    FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, PaymentRow, ReadAssetRow,
+    RefundRow, ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS, HOLDER_COLUMN,
 };
-use super::schema::{assets, events, refunds, reservations, Instant};
+use super::schema::{assets, events, payments, refunds, reservations, At, Instant};
 use super::{
     AssetPage, Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, RefundPage,
     ReinstateOutcome, ReservationPage, StoreError, StoreResult, StoreSettings, WithdrawOutcome,
 };
 use crate::domain::{
     extension_allowed, withdraw_decision, Asset, AssetId, AssetStatus, Event, EventId, EventType,
-    HoldTarget, PaymentReference, Refund, RefundId, RefundReason, Reservation, ReservationId,
-    Timestamp, WithdrawDecision,
+    HoldTarget, Refund, RefundId, RefundReason, Reservation, ReservationId, Timestamp,
+    WithdrawDecision,
 };
 use crate::reply::{self, Reply};
 
@@ -250,8 +250,13 @@ impl SqliteStore {
 
     /// Takes an asset off sale; with `force`, a live hold is released first.
     /// A lapsed hold is expired first. Writes are serialised.
-    pub async fn withdraw(&self, id: &AssetId, force: bool) -> StoreResult<WithdrawOutcome> {
-        let id = id.to_string();
+    pub async fn withdraw(
+        &self,
+        id: &AssetId,
+        force: bool,
+        actor: &str,
+    ) -> StoreResult<WithdrawOutcome> {
+        let (id, actor) = (id.to_string(), actor.to_owned());
         self.write("withdraw the asset", move |c| {
             let now = clock();
             expire_lapsed(c, Some(&id), now, 1)?;
@@ -281,10 +286,11 @@ impl SqliteStore {
                     .into_reservation()?;
                     let sequence = next_sequence(c, &id)?;
                     let data = reply::reservation_ok(&released).body;
-                    insert_event(
-                        c,
-                        &NewEvent::new(&id, sequence, EventType::ReservationReleased, data, now),
-                    )?;
+                    let event =
+                        NewEvent::new(&id, sequence, EventType::ReservationReleased, data, now)
+                            .about(&released.reservation_id)
+                            .by(&actor);
+                    insert_event(c, &event)?;
                 }
                 WithdrawDecision::Withdraw => {}
             }
@@ -300,10 +306,9 @@ impl SqliteStore {
             let sequence = row.asset.last_event_sequence;
             let asset = row.asset.into_asset(now)?;
             let data = serde_json::to_string(&asset).unwrap_or_default();
-            insert_event(
-                c,
-                &NewEvent::new(&id, sequence, EventType::AssetWithdrawn, data, now),
-            )?;
+            let event =
+                NewEvent::new(&id, sequence, EventType::AssetWithdrawn, data, now).by(&actor);
+            insert_event(c, &event)?;
             Ok(WithdrawOutcome::Withdrawn(asset))
         })
         .await?
@@ -311,8 +316,8 @@ impl SqliteStore {
     }
 
     /// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
-    pub async fn reinstate(&self, id: &AssetId) -> StoreResult<ReinstateOutcome> {
-        let id = id.to_string();
+    pub async fn reinstate(&self, id: &AssetId, actor: &str) -> StoreResult<ReinstateOutcome> {
+        let (id, actor) = (id.to_string(), actor.to_owned());
         self.write("reinstate the asset", move |c| {
             let now = clock();
             let row = sql_query(
@@ -329,10 +334,9 @@ impl SqliteStore {
                 let sequence = row.asset.last_event_sequence;
                 let asset = row.asset.into_asset(now)?;
                 let data = serde_json::to_string(&asset).unwrap_or_default();
-                insert_event(
-                    c,
-                    &NewEvent::new(&id, sequence, EventType::AssetReinstated, data, now),
-                )?;
+                let event =
+                    NewEvent::new(&id, sequence, EventType::AssetReinstated, data, now).by(&actor);
+                insert_event(c, &event)?;
                 return Ok(ReinstateOutcome::Reinstated(asset));
             }
             let row = sql_query("SELECT ? AS now, * FROM assets WHERE id = ?")
@@ -353,13 +357,15 @@ impl SqliteStore {
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
         let id = id.to_string();
         self.read("read an asset", move |c| {
-            let row = sql_query("SELECT ? AS now, * FROM assets WHERE id = ?")
-                .bind::<Instant, _>(clock())
-                .bind::<Text, _>(id)
-                .get_result::<NowAssetRow>(c)
-                .optional()
-                .context("read an asset")?;
-            row.map(|r| r.asset.into_asset(r.now)).transpose()
+            let row = sql_query(format!(
+                "SELECT ? AS now, a.*, {HOLDER_COLUMN} FROM assets a WHERE a.id = ?"
+            ))
+            .bind::<Instant, _>(clock())
+            .bind::<Text, _>(id)
+            .get_result::<ReadAssetRow>(c)
+            .optional()
+            .context("read an asset")?;
+            row.map(ReadAssetRow::into_asset).transpose()
         })
         .await
     }
@@ -368,27 +374,32 @@ impl SqliteStore {
         let page = page.clone();
         self.read("list assets", move |c| {
             let now = clock();
-            let rows = sql_query(
-                "SELECT ?1 AS now, * FROM assets \
+            let rows = sql_query(format!(
+                "SELECT ?1 AS now, a.*, {HOLDER_COLUMN} FROM assets a \
                  WHERE (?2 IS NULL OR id > ?2) AND CASE ?3 \
                    WHEN 'AVAILABLE' THEN status = 'AVAILABLE' OR (status = 'HELD' AND hold_expires_at <= ?1) \
                    WHEN 'HELD' THEN status = 'HELD' AND hold_expires_at > ?1 \
                    WHEN 'SOLD' THEN status = 'SOLD' WHEN 'WITHDRAWN' THEN status = 'WITHDRAWN' \
                    ELSE 1 END \
-                 ORDER BY id LIMIT ?4",
-            )
+                 ORDER BY id LIMIT ?4"
+            ))
             .bind::<Instant, _>(now)
             .bind::<Nullable<Text>, _>(page.after)
             .bind::<Nullable<Text>, _>(page.status.map(AssetStatus::as_str))
             .bind::<BigInt, _>(page.limit)
-            .load::<NowAssetRow>(c)
+            .load::<ReadAssetRow>(c)
             .context("list assets")?;
-            rows.into_iter().map(|r| r.asset.into_asset(r.now)).collect()
+            rows.into_iter().map(ReadAssetRow::into_asset).collect()
         })
         .await
     }
 
-    pub async fn asset_events(&self, id: &AssetId) -> StoreResult<Option<Vec<Event>>> {
+    pub async fn asset_events(
+        &self,
+        id: &AssetId,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Option<Vec<Event>>> {
         let id = id.to_string();
         self.read("read an asset's events", move |c| {
             let exists = assets::table
@@ -403,7 +414,9 @@ impl SqliteStore {
             }
             let rows = events::table
                 .filter(events::asset_id.eq(&id))
+                .filter(events::sequence.gt(after))
                 .order(events::sequence.asc())
+                .limit(limit)
                 .select(EventRow::as_select())
                 .load::<EventRow>(c)
                 .context("read an asset's events")?;
@@ -415,10 +428,16 @@ impl SqliteStore {
         .await
     }
 
-    pub async fn get_reservation(&self, id: &ReservationId) -> StoreResult<Option<Reservation>> {
-        let id = *id;
+    /// The reservation, when `visible_to` (if given) owns it: another
+    /// client's is not read beyond the filter, exactly like a missing one.
+    pub async fn get_reservation(
+        &self,
+        id: &ReservationId,
+        visible_to: Option<&str>,
+    ) -> StoreResult<Option<Reservation>> {
+        let (id, visible_to) = (*id, visible_to.map(str::to_owned));
         self.read("read a reservation", move |c| {
-            load_reservation(c, &id, clock())
+            load_visible_reservation(c, &id, clock(), visible_to.as_deref())
         })
         .await
     }
@@ -638,6 +657,7 @@ impl Backend for SqliteStore {
                 now: key.now,
                 row: refund.map(RefundRow::into_refund).transpose()?,
                 stored: key.stored.into_answer(),
+                fate: None,
             })
         })
         .await
@@ -673,7 +693,8 @@ impl Backend for SqliteStore {
                     EventType::RefundCompleted,
                     reply.body.clone(),
                     now,
-                );
+                )
+                .about(&completed.reservation_id);
                 record(
                     c,
                     &event,
@@ -827,7 +848,8 @@ impl Backend for SqliteStore {
                     EventType::ReservationHeld,
                     reply.body.clone(),
                     now,
-                );
+                )
+                .about(&r.reservation_id);
                 event.id = event_id;
                 record(c, &event, &idem, &reply, &r.reservation_id, now)?;
                 Ok(Claim::Claimed)
@@ -840,28 +862,43 @@ impl Backend for SqliteStore {
         &self,
         id: &ReservationId,
         idempotency: &Idempotency,
+        payment: Option<PaymentKey<'_>>,
     ) -> StoreResult<Snapshot<Reservation>> {
         let (id, idempotency) = (id.to_string(), idempotency.clone());
+        let scope = payment.map(|p| p.scope.to_owned());
+        let reference = payment.map(|p| p.reference.to_owned());
         self.read("read the reservation", move |c| {
-            let row = sql_query(
-                "SELECT ? AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at, \
-                        r.committed_at, r.released_at, r.payment_reference, r.owner, r.voided_at, \
-                        i.fingerprint, i.status_code, i.body, i.location \
-                 FROM (SELECT 1) AS one \
-                 LEFT JOIN reservations r ON r.id = ? \
-                 LEFT JOIN idempotency_keys i ON i.scope = ? AND i.key = ?",
-            )
-            .bind::<Instant, _>(clock())
-            .bind::<Text, _>(id)
-            .bind::<Text, _>(idempotency.scope)
-            .bind::<Text, _>(idempotency.key.into_inner())
-            .get_result::<ReservationSnapshotRow>(c)
-            .context("read the reservation")?;
-            Ok(Snapshot {
-                now: row.now,
-                row: row.reservation.into_reservation()?,
-                stored: row.stored.into_answer(),
-            })
+            sql_query(RESERVATION_SNAPSHOT_SQL)
+                .bind::<Instant, _>(clock())
+                .bind::<Text, _>(id)
+                .bind::<Text, _>(idempotency.scope)
+                .bind::<Text, _>(idempotency.key.into_inner())
+                .bind::<Nullable<Text>, _>(scope)
+                .bind::<Nullable<Text>, _>(reference)
+                .get_result::<ReservationSnapshotRow>(c)
+                .context("read the reservation")?
+                .into_snapshot()
+        })
+        .await
+    }
+
+    async fn payment_fates(
+        &self,
+        scope: Option<&str>,
+        reference: &str,
+    ) -> StoreResult<(Timestamp, Vec<PaymentRow>)> {
+        let (scope, reference) = (scope.map(str::to_owned), reference.to_owned());
+        self.read("read a payment", move |c| {
+            let mut query = payments::table
+                .filter(payments::reference.eq(reference))
+                .select(PaymentRow::as_select())
+                .order(payments::scope.desc())
+                .into_boxed();
+            if let Some(scope) = scope {
+                query = query.filter(payments::scope.eq_any([scope, String::new()]));
+            }
+            let rows = query.load::<PaymentRow>(c).context("read a payment")?;
+            Ok((clock(), rows))
         })
         .await
     }
@@ -879,33 +916,44 @@ impl Backend for SqliteStore {
     async fn commit(
         &self,
         reservation: &Reservation,
-        payment: &PaymentReference,
+        payment: PaymentKey<'_>,
         idempotency: &Idempotency,
     ) -> StoreResult<Option<Reply>> {
-        self.finish_transition(reservation, idempotency, Some(payment.to_string()))
+        let payment = (payment.scope.to_owned(), payment.reference.to_owned());
+        self.finish_transition(reservation, idempotency, Some(payment))
             .await
     }
 
     async fn refund(
         &self,
         reservation: &Reservation,
-        payment: &PaymentReference,
+        payment: PaymentKey<'_>,
         reason: RefundReason,
         idempotency: &Idempotency,
         now: Timestamp,
-    ) -> StoreResult<RefundWrite> {
+    ) -> StoreResult<Reply> {
         let reservation = reservation.clone();
-        let (payment, idempotency) = (payment.to_string(), idempotency.clone());
+        let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
+        let idempotency = idempotency.clone();
         let result = self
             .write("record a refund", move |c| {
                 // A lapsed hold nobody swept yet is expired first, so the
                 // timeline reads held → expired → refund requested.
                 expire_lapsed(c, Some(&reservation.asset_id), now, 1)?;
                 let sequence = next_sequence(c, &reservation.asset_id)?;
-                let refund = Refund::requested(&reservation, &payment, reason, now);
-                if !insert_refund(c, &refund)? {
-                    return Err(Abort::Retry);
-                }
+                let refund = Refund::requested(&reservation, &scope, &reference, reason, now);
+                insert_refund(c, &refund)?;
+                let payment = PaymentKey {
+                    scope: &scope,
+                    reference: &reference,
+                };
+                record_fate(
+                    c,
+                    payment,
+                    &refund.reservation_id,
+                    Some(&refund.refund_id),
+                    now,
+                )?;
                 let id = parse_reservation_id(&reservation.reservation_id)?;
                 let current = load_reservation(c, &id, now)?
                     .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))?;
@@ -917,12 +965,13 @@ impl Backend for SqliteStore {
                     EventType::RefundRequested,
                     data,
                     now,
-                );
+                )
+                .about(&refund.reservation_id);
                 record(c, &event, &idempotency, &reply, &refund.reservation_id, now)?;
                 Ok(reply)
             })
             .await?;
-        Abort::settle(result.map(RefundWrite::Created), RefundWrite::Existing)
+        result.map_err(Abort::into_error)
     }
 
     async fn release(
@@ -985,7 +1034,8 @@ impl Backend for SqliteStore {
                     EventType::ReservationExtended,
                     reply.body.clone(),
                     now,
-                );
+                )
+                .about(&id);
                 record(c, &event, &idempotency, &reply, &id, now)?;
                 Ok(reply)
             })
@@ -997,11 +1047,13 @@ impl Backend for SqliteStore {
         &self,
         reservation: &Reservation,
         refund: bool,
+        actor: &str,
         idempotency: &Idempotency,
     ) -> StoreResult<Option<Reply>> {
-        let (id, asset) = (
+        let (id, asset, actor) = (
             reservation.reservation_id.clone(),
             reservation.asset_id.clone(),
+            actor.to_owned(),
         );
         let idempotency = idempotency.clone();
         let result = self
@@ -1032,20 +1084,31 @@ impl Backend for SqliteStore {
                 .context("void the reservation")?
                 .into_reservation()?;
                 let data = reply::reservation_ok(&voided).body;
-                insert_event(
-                    c,
-                    &NewEvent::new(&asset, sequence.last_event_sequence, EventType::ReservationVoided, data, now),
-                )?;
-                if let (true, Some(payment)) = (refund, voided.payment_reference.as_deref()) {
-                    let refund = Refund::requested(&voided, payment, RefundReason::SaleVoided, now);
-                    if insert_refund(c, &refund)? {
-                        let sequence = next_sequence(c, &asset)?;
-                        let data = serde_json::to_string(&refund).unwrap_or_default();
-                        insert_event(
-                            c,
-                            &NewEvent::new(&asset, sequence, EventType::RefundRequested, data, now),
-                        )?;
-                    }
+                let event = NewEvent::new(
+                    &asset,
+                    sequence.last_event_sequence,
+                    EventType::ReservationVoided,
+                    data,
+                    now,
+                )
+                .about(&id)
+                .by(&actor);
+                insert_event(c, &event)?;
+                if let (true, Some(payment), Some(scope)) = (
+                    refund,
+                    voided.payment_reference.as_deref(),
+                    voided.payment_scope.as_deref(),
+                ) {
+                    // Part of the payment's one fate: it bought this sale.
+                    let refund =
+                        Refund::requested(&voided, scope, payment, RefundReason::SaleVoided, now);
+                    insert_refund(c, &refund)?;
+                    let sequence = next_sequence(c, &asset)?;
+                    let data = serde_json::to_string(&refund).unwrap_or_default();
+                    let event = NewEvent::new(&asset, sequence, EventType::RefundRequested, data, now)
+                        .about(&id)
+                        .by(&actor);
+                    insert_event(c, &event)?;
                 }
                 let rid = parse_reservation_id(&id)?;
                 let current = load_reservation(c, &rid, now)?
@@ -1061,14 +1124,15 @@ impl Backend for SqliteStore {
     async fn commit_late(
         &self,
         reservation: &Reservation,
-        payment: &PaymentReference,
+        payment: PaymentKey<'_>,
         idempotency: &Idempotency,
     ) -> StoreResult<Option<Reply>> {
         let (id, asset) = (
             reservation.reservation_id.clone(),
             reservation.asset_id.clone(),
         );
-        let (payment, idempotency) = (payment.to_string(), idempotency.clone());
+        let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
+        let idempotency = idempotency.clone();
         let result = self
             .write("sell to a late payment", move |c| {
                 let now = clock();
@@ -1080,14 +1144,12 @@ impl Backend for SqliteStore {
                      WHERE id = ?3 AND status = 'AVAILABLE' \
                        AND NOT EXISTS (SELECT 1 FROM reservations o WHERE o.asset_id = ?3 AND o.id <> ?1 \
                              AND o.created_at >= (SELECT created_at FROM reservations WHERE id = ?1)) \
-                       AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.reservation_id = ?1 AND f.payment_reference = ?4) \
                        AND EXISTS (SELECT 1 FROM reservations r WHERE r.id = ?1 AND r.status = 'EXPIRED') \
                      RETURNING last_event_sequence",
                 )
                 .bind::<Text, _>(&id)
                 .bind::<Instant, _>(now)
                 .bind::<Text, _>(&asset)
-                .bind::<Text, _>(&payment)
                 .get_result::<Sequence>(c)
                 .optional()
                 .context("sell to a late payment")?;
@@ -1095,15 +1157,21 @@ impl Backend for SqliteStore {
                     return Err(Abort::Retry);
                 };
                 let updated = sql_query(
-                    "UPDATE reservations SET status = 'COMMITTED', committed_at = ?, payment_reference = ? \
-                     WHERE id = ? AND status = 'EXPIRED' RETURNING *",
+                    "UPDATE reservations SET status = 'COMMITTED', committed_at = ?, payment_reference = ?, \
+                            payment_scope = ? WHERE id = ? AND status = 'EXPIRED' RETURNING *",
                 )
                 .bind::<Instant, _>(now)
-                .bind::<Text, _>(&payment)
+                .bind::<Text, _>(&reference)
+                .bind::<Text, _>(&scope)
                 .bind::<Text, _>(&id)
                 .get_result::<ReservationRow>(c)
                 .context("commit the reservation")?
                 .into_reservation()?;
+                let payment = PaymentKey {
+                    scope: &scope,
+                    reference: &reference,
+                };
+                record_fate(c, payment, &id, None, now)?;
                 let reply = reply::reservation_ok(&updated);
                 let event = NewEvent::new(
                     &asset,
@@ -1111,7 +1179,8 @@ impl Backend for SqliteStore {
                     EventType::ReservationCommitted,
                     reply.body.clone(),
                     now,
-                );
+                )
+                .about(&id);
                 record(c, &event, &idempotency, &reply, &id, now)?;
                 Ok(reply)
             })
@@ -1120,25 +1189,61 @@ impl Backend for SqliteStore {
     }
 }
 
-/// Records a refund unless this payment of this reservation has one; whether
-/// it was new.
-fn insert_refund(conn: &mut SqliteConnection, refund: &Refund) -> StoreResult<bool> {
-    let inserted = sql_query(
-        "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?) \
-         ON CONFLICT (reservation_id, payment_reference) DO NOTHING",
-    )
-    .bind::<Text, _>(&refund.refund_id)
-    .bind::<Text, _>(&refund.reservation_id)
-    .bind::<Text, _>(&refund.asset_id)
-    .bind::<Text, _>(&refund.payment_reference)
-    .bind::<Text, _>(refund.reason.as_str())
-    .bind::<Text, _>(refund.status.as_str())
-    .bind::<Instant, _>(refund.created_at)
-    .execute(conn)
-    .context("record a refund")?;
-    Ok(inserted > 0)
+/// Records a refund; a unique violation when this payment of this
+/// reservation has one.
+fn insert_refund(conn: &mut SqliteConnection, refund: &Refund) -> StoreResult<()> {
+    diesel::insert_into(refunds::table)
+        .values((
+            refunds::id.eq(&refund.refund_id),
+            refunds::reservation_id.eq(&refund.reservation_id),
+            refunds::asset_id.eq(&refund.asset_id),
+            refunds::payment_reference.eq(&refund.payment_reference),
+            refunds::payment_scope.eq(&refund.payment_scope),
+            refunds::reason.eq(refund.reason.as_str()),
+            refunds::status.eq(refund.status.as_str()),
+            refunds::created_at.eq(At(refund.created_at)),
+        ))
+        .execute(conn)
+        .context("record a refund")?;
+    Ok(())
 }
+
+/// Records a payment's one fate: it bought `reservation_id`, or `refund_id`
+/// gives it back. A unique violation when it has one already.
+fn record_fate(
+    conn: &mut SqliteConnection,
+    payment: PaymentKey<'_>,
+    reservation_id: &str,
+    refund_id: Option<&str>,
+    now: Timestamp,
+) -> StoreResult<()> {
+    diesel::insert_into(payments::table)
+        .values((
+            payments::scope.eq(payment.scope),
+            payments::reference.eq(payment.reference),
+            payments::reservation_id.eq(reservation_id),
+            payments::refund_id.eq(refund_id),
+            payments::created_at.eq(At(now)),
+        ))
+        .execute(conn)
+        .context("record the payment's fate")?;
+    Ok(())
+}
+
+/// A reservation's first read: the clock, the reservation, the answer stored
+/// under the key, and the fate of the payment a commit carries (?5 scope, ?6
+/// reference; NULL for other requests). Sales recorded before scopes (scope
+/// '') count in every scope.
+const RESERVATION_SNAPSHOT_SQL: &str = "\
+SELECT ?1 AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at,
+       r.committed_at, r.released_at, r.payment_reference, r.owner, r.voided_at, r.payment_scope,
+       i.fingerprint, i.status_code, i.body, i.location,
+       p.reservation_id AS fate_reservation_id, p.refund_id AS fate_refund_id
+  FROM (SELECT 1) AS one
+  LEFT JOIN reservations r ON r.id = ?2
+  LEFT JOIN idempotency_keys i ON i.scope = ?3 AND i.key = ?4
+  LEFT JOIN payments p ON p.reference = ?6 AND p.scope IN (?5, '')
+ ORDER BY p.scope DESC NULLS LAST LIMIT 1";
 
 impl SqliteStore {
     /// Commit (with a payment) or release of a live hold: the asset first,
@@ -1148,7 +1253,7 @@ impl SqliteStore {
         &self,
         reservation: &Reservation,
         idempotency: &Idempotency,
-        payment: Option<String>,
+        payment: Option<(String, String)>,
     ) -> StoreResult<Option<Reply>> {
         let (id, asset) = (
             reservation.reservation_id.clone(),
@@ -1181,18 +1286,21 @@ impl SqliteStore {
                     return Err(Abort::Retry);
                 };
                 let (row, event_type) = match &payment {
-                    Some(payment) => (
-                        sql_query(
-                            "UPDATE reservations SET status = 'COMMITTED', committed_at = ?, payment_reference = ? \
-                             WHERE id = ? AND status = 'HELD' RETURNING *",
+                    Some((scope, reference)) => {
+                        let row = sql_query(
+                            "UPDATE reservations SET status = 'COMMITTED', committed_at = ?, payment_reference = ?, \
+                                    payment_scope = ? WHERE id = ? AND status = 'HELD' RETURNING *",
                         )
                         .bind::<Instant, _>(now)
-                        .bind::<Text, _>(payment)
+                        .bind::<Text, _>(reference)
+                        .bind::<Text, _>(scope)
                         .bind::<Text, _>(&id)
                         .get_result::<ReservationRow>(c)
-                        .context("commit the reservation")?,
-                        EventType::ReservationCommitted,
-                    ),
+                        .context("commit the reservation")?;
+                        let payment = PaymentKey { scope, reference };
+                        record_fate(c, payment, &id, None, now)?;
+                        (row, EventType::ReservationCommitted)
+                    }
                     None => (
                         sql_query(
                             "UPDATE reservations SET status = 'RELEASED', released_at = ? \
@@ -1208,7 +1316,8 @@ impl SqliteStore {
                 // A live hold has no refunds yet.
                 let updated = row.into_reservation()?.effective(now);
                 let reply = reply::reservation_ok(&updated);
-                let event = NewEvent::new(&asset, sequence.last_event_sequence, event_type, reply.body.clone(), now);
+                let event = NewEvent::new(&asset, sequence.last_event_sequence, event_type, reply.body.clone(), now)
+                    .about(&id);
                 record(c, &event, &idempotency, &reply, &id, now)?;
                 Ok(reply)
             })
@@ -1268,7 +1377,8 @@ fn expire_lapsed(
             EventType::ReservationExpired,
             data,
             now,
-        );
+        )
+        .about(&reservation.reservation_id);
         insert_event(conn, &event)?;
     }
     Ok(lapsed.len())
@@ -1282,14 +1392,21 @@ fn next_sequence(conn: &mut SqliteConnection, asset: &str) -> StoreResult<i64> {
         .context("number an event")
 }
 
+/// An event; its owner is the owner of the reservation it reports (?7).
+const INSERT_EVENT_SQL: &str = "\
+INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner, actor)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, (SELECT owner FROM reservations WHERE id = ?7), ?8)";
+
 fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()> {
-    sql_query("INSERT INTO events (id, asset_id, sequence, type, data, created_at) VALUES (?, ?, ?, ?, ?, ?)")
+    sql_query(INSERT_EVENT_SQL)
         .bind::<Text, _>(&event.id)
         .bind::<Text, _>(&event.asset_id)
         .bind::<BigInt, _>(event.sequence)
         .bind::<Text, _>(event.event_type.as_str())
         .bind::<Text, _>(&event.data)
         .bind::<Instant, _>(event.created_at)
+        .bind::<Nullable<Text>, _>(event.reservation_id.as_deref())
+        .bind::<Nullable<Text>, _>(event.actor.as_deref())
         .execute(conn)
         .context("record an event")?;
     Ok(())
@@ -1338,10 +1455,24 @@ fn load_reservation(
     id: &ReservationId,
     now: Timestamp,
 ) -> StoreResult<Option<Reservation>> {
+    load_visible_reservation(conn, id, now, None)
+}
+
+fn load_visible_reservation(
+    conn: &mut SqliteConnection,
+    id: &ReservationId,
+    now: Timestamp,
+    visible_to: Option<&str>,
+) -> StoreResult<Option<Reservation>> {
     let id = id.to_string();
-    let row = reservations::table
+    let mut query = reservations::table
         .find(&id)
         .select(ReservationRow::as_select())
+        .into_boxed();
+    if let Some(owner) = visible_to {
+        query = query.filter(reservations::owner.eq(owner));
+    }
+    let row = query
         .first::<ReservationRow>(conn)
         .optional()
         .context("read a reservation")?;

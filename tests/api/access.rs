@@ -90,6 +90,7 @@ fn expected_roles() -> BTreeMap<&'static str, Option<&'static [&'static str]>> {
         ("void_reservation", Some(&["admin"][..])),
         ("release_reservation", Some(ALL)),
         ("commit_reservation", Some(&["admin", "payments"][..])),
+        ("get_payment", Some(&["admin", "payments"][..])),
         ("list_refunds", Some(&["admin", "payments"][..])),
         ("complete_refund", Some(&["admin", "payments"][..])),
         ("list_dead_events", Some(&["admin"][..])),
@@ -1097,4 +1098,228 @@ fn a_key_named_like_open_mode_or_with_two_roles_refuses_to_start() {
             "{stderr}"
         );
     }
+}
+
+/// A storefront reads assets and events, but another client's buyers,
+/// payments and refunds never reach it: its events are summaries, an asset
+/// names only the storefront's own current reservation.
+async fn storefronts_never_read_other_clients_buyers_or_payments(backend: Backend) {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
+        return;
+    };
+    let send = |method: Method, path: String, token: String, body: Option<Value>| {
+        let app = &app;
+        async move {
+            let response = call(app, method, &path, Some(&token), body).await;
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap())
+        }
+    };
+    for id in ["P-1", "P-2"] {
+        let body = json!({"id": id, "name": id});
+        let (status, _) = send(
+            Method::POST,
+            "/v1/assets".into(),
+            keys.admin.clone(),
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, 201);
+    }
+    // shop-b holds P-1 and pays; the sale is voided with a refund. shop-a holds P-2.
+    let hold = |token: String, asset: &str| {
+        let path = format!("/v1/assets/{asset}/reservations");
+        send(
+            Method::POST,
+            path,
+            token,
+            Some(json!({"buyer_id": "secret-buyer-b"})),
+        )
+    };
+    let (_, theirs) = hold(keys.other_shop.clone(), "P-1").await;
+    let theirs: Value = serde_json::from_str(&theirs).unwrap();
+    let theirs_id = theirs["reservation_id"].as_str().unwrap().to_owned();
+    let (status, _) = send(
+        Method::POST,
+        format!("/v1/reservations/{theirs_id}/commit"),
+        keys.payments.clone(),
+        Some(json!({"payment_reference": "secret-payment-b"})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = send(
+        Method::POST,
+        format!("/v1/reservations/{theirs_id}/void"),
+        keys.admin.clone(),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = hold(keys.other_shop.clone(), "P-1").await;
+    assert_eq!(status, 201);
+    let (status, mine) = send(
+        Method::POST,
+        "/v1/assets/P-2/reservations".into(),
+        keys.shop.clone(),
+        Some(json!({"buyer_id": "my-buyer"})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let mine: Value = serde_json::from_str(&mine).unwrap();
+    let mine_id = mine["reservation_id"].as_str().unwrap();
+
+    let secrets = [
+        theirs_id.as_str(),
+        "secret-buyer-b",
+        "secret-payment-b",
+        "rf_",
+    ];
+    for path in [
+        "/v1/events",
+        "/v1/events?limit=500",
+        "/v1/assets/P-1/events",
+        "/v1/assets/P-1",
+        "/v1/assets",
+        "/v1/assets?status=HELD",
+        "/v1/reservations",
+        "/v1/reservations?asset_id=P-1",
+        "/v1/reservations?buyer_id=secret-buyer-b",
+    ] {
+        let (status, text) = send(Method::GET, path.into(), keys.shop.clone(), None).await;
+        assert_eq!(status, 200, "{path}");
+        for secret in secrets {
+            assert!(!text.contains(secret), "{path} shows {secret}: {text}");
+        }
+    }
+    // Their events keep type, asset, sequence and times; data is a summary.
+    let (_, text) = send(
+        Method::GET,
+        "/v1/assets/P-1/events".into(),
+        keys.shop.clone(),
+        None,
+    )
+    .await;
+    let events: Value = serde_json::from_str(&text).unwrap();
+    let items = events["items"].as_array().unwrap();
+    let types: Vec<&str> = items.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        types,
+        [
+            "reservation.held",
+            "reservation.committed",
+            "reservation.voided",
+            "refund.requested",
+            "reservation.held"
+        ]
+    );
+    for (i, event) in items.iter().enumerate() {
+        assert_eq!(event["sequence"], i + 1);
+        assert!(event["created_at"].is_string());
+        assert_eq!(event["data"]["redacted"], true, "{event}");
+        assert_eq!(event["data"]["asset_id"], "P-1");
+        assert!(event["actor"].is_null(), "{event}");
+    }
+    assert!(items[0]["data"]["hold_expires_at"].is_string());
+    // The asset shows its own current reservation only to its owner.
+    let asset = |token: String| {
+        let send = &send;
+        async move {
+            let (_, text) = send(Method::GET, "/v1/assets/P-1".into(), token, None).await;
+            serde_json::from_str::<Value>(&text).unwrap()
+        }
+    };
+    let seen = asset(keys.shop.clone()).await;
+    assert_eq!(seen["status"], "HELD");
+    assert!(seen["hold_expires_at"].is_string());
+    assert_eq!(seen["current_reservation_id"], Value::Null);
+    assert!(asset(keys.other_shop.clone()).await["current_reservation_id"].is_string());
+    assert!(asset(keys.admin.clone()).await["current_reservation_id"].is_string());
+    let (_, own) = send(
+        Method::GET,
+        "/v1/assets/P-2".into(),
+        keys.shop.clone(),
+        None,
+    )
+    .await;
+    assert!(own.contains(mine_id));
+    // Their owner, the admin and payments see everything, and who voided.
+    let (_, text) = send(
+        Method::GET,
+        "/v1/assets/P-1/events".into(),
+        keys.other_shop.clone(),
+        None,
+    )
+    .await;
+    assert!(text.contains("secret-payment-b"));
+    let (_, text) = send(
+        Method::GET,
+        "/v1/assets/P-1/events".into(),
+        keys.admin.clone(),
+        None,
+    )
+    .await;
+    let events: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(events["items"][2]["type"], "reservation.voided");
+    assert_eq!(events["items"][2]["actor"], "ops");
+    assert_eq!(events["items"][3]["actor"], "ops");
+    assert_eq!(events["items"][0]["actor"], Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storefronts_never_read_other_clients_buyers_or_payments_on_both_backends() {
+    storefronts_never_read_other_clients_buyers_or_payments(Backend::Postgres).await;
+    storefronts_never_read_other_clients_buyers_or_payments(Backend::Sqlite).await;
+}
+
+/// Forced withdrawal names who did it.
+async fn forced_withdrawal_names_its_actor(backend: Backend) {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
+        return;
+    };
+    let body = json!({"id": "W-1", "name": "w"});
+    assert_eq!(
+        call(
+            &app,
+            Method::POST,
+            "/v1/assets",
+            Some(&keys.admin),
+            Some(body)
+        )
+        .await
+        .status(),
+        201
+    );
+    let held = call(
+        &app,
+        Method::POST,
+        "/v1/assets/W-1/reservations",
+        Some(&keys.shop),
+        Some(json!({"buyer_id": "b"})),
+    )
+    .await;
+    assert_eq!(held.status(), 201);
+    let forced = call(
+        &app,
+        Method::POST,
+        "/v1/assets/W-1/withdraw",
+        Some(&keys.admin),
+        Some(json!({"force": true})),
+    )
+    .await;
+    assert_eq!(forced.status(), 200);
+    let events = app.get_json_as("/v1/assets/W-1/events", &keys.admin).await;
+    let items = events["items"].as_array().unwrap();
+    let by_type = |t: &str| items.iter().find(|e| e["type"] == t).unwrap().clone();
+    assert_eq!(by_type("reservation.released")["actor"], "ops");
+    assert_eq!(by_type("asset.withdrawn")["actor"], "ops");
+    assert_eq!(by_type("reservation.held")["actor"], Value::Null);
+    // The shop still sees its own released hold in full.
+    let own = app.get_json_as("/v1/assets/W-1/events", &keys.shop).await;
+    assert_eq!(own["items"][1]["data"]["buyer_id"], "b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_withdrawal_names_its_actor_on_both_backends() {
+    forced_withdrawal_names_its_actor(Backend::Postgres).await;
+    forced_withdrawal_names_its_actor(Backend::Sqlite).await;
 }

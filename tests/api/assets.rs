@@ -1,4 +1,4 @@
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::backend_tests;
 use crate::helpers::{unique, TestApp};
@@ -161,7 +161,112 @@ async fn list_rejects_bad_parameters_with_422(app: TestApp) {
     }
 }
 
+/// Sale openings at the extremes of what both databases keep: accepted
+/// within 0001..9999 in UTC, refused with the field named beyond, and no
+/// later read answers 500.
+async fn opening_times_stay_within_four_digit_years(app: TestApp) {
+    for (i, (when, ok)) in [
+        ("0001-01-01T00:00:00Z", true),
+        ("9999-12-31T23:59:59.999999Z", true),
+        ("9999-12-31T23:59:59+14:00", true),
+        ("0001-01-01T00:00:00-12:00", true),
+        ("0000-12-31T23:59:59Z", false),
+        ("9999-12-31T23:59:59-01:00", false),
+        ("0001-01-01T00:30:00+01:00", false),
+        ("10000-01-01T00:00:00Z", false),
+        ("2026-02-30T00:00:00Z", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = format!("DT-{i}");
+        let created = app
+            .post(
+                "/v1/assets",
+                None,
+                &json!({"id": id, "name": "d", "available_from": when}),
+            )
+            .await;
+        let patched = app
+            .request(reqwest::Method::PATCH, "/v1/assets/DT-0")
+            .await
+            .json(&json!({"available_from": when}))
+            .send()
+            .await
+            .unwrap();
+        for response in [created, patched] {
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.unwrap();
+            if ok {
+                assert!(status == 200 || status == 201, "{when}: {body}");
+            } else {
+                assert_eq!(status, 422, "{when}: {body}");
+                assert_eq!(body["errors"][0]["field"], "available_from", "{when}");
+            }
+        }
+        // Whatever was stored reads back.
+        for path in [
+            format!("/v1/assets/{id}"),
+            "/v1/assets/DT-0".to_owned(),
+            "/v1/assets?limit=500".to_owned(),
+            "/v1/assets/DT-0/events".to_owned(),
+            "/v1/asset-counts".to_owned(),
+            "/v1/events".to_owned(),
+        ] {
+            let response = app.get(&path).await;
+            assert!(response.status().as_u16() < 500, "{when} then {path}");
+        }
+        let hold = app
+            .post(
+                "/v1/assets/DT-1/reservations",
+                Some(&crate::helpers::new_key()),
+                &json!({"buyer_id": "b"}),
+            )
+            .await;
+        assert!(hold.status().as_u16() < 500, "{when}: hold");
+    }
+}
+
+/// The timeline pages like every other list.
+async fn the_timeline_pages_by_cursor(app: TestApp) {
+    app.create_asset("TL-1").await;
+    for i in 0..5 {
+        let held = app.hold("TL-1", &format!("b{i}"), 300).await;
+        let id = held["reservation_id"].as_str().unwrap();
+        assert_eq!(
+            app.release(id, &crate::helpers::new_key()).await.status(),
+            200
+        );
+    }
+    let all = app.get_json("/v1/assets/TL-1/events").await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 10);
+    assert_eq!(all["next_cursor"], Value::Null);
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/assets/TL-1/events?limit=3&cursor={c}"),
+            None => "/v1/assets/TL-1/events?limit=3".to_owned(),
+        };
+        let page = app.get_json(&path).await;
+        for e in page["items"].as_array().unwrap() {
+            seen.push(e["sequence"].as_i64().unwrap());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, (1..=10).collect::<Vec<_>>());
+    for bad in ["limit=0", "limit=501", "cursor=!!", "cursor=LTE"] {
+        let response = app.get(&format!("/v1/assets/TL-1/events?{bad}")).await;
+        assert_eq!(response.status(), 422, "{bad}");
+    }
+}
+
 backend_tests!(
+    opening_times_stay_within_four_digit_years,
+    the_timeline_pages_by_cursor,
     create_asset_answers_201_with_location,
     duplicate_asset_is_409_asset_exists,
     invalid_asset_fields_are_422_listing_each,

@@ -93,7 +93,8 @@ async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) 
         violations(&doc, "event_sequences_have_no_gaps") >= 1,
         "{doc:#}"
     );
-    assert_eq!(violations(&doc, "payment_commits_once"), 0);
+    assert_eq!(violations(&doc, "payment_has_one_fate"), 0);
+    assert_eq!(violations(&doc, "payments_record_their_fate"), 0);
     assert_eq!(violations(&doc, "voided_sales_are_over"), 0);
 
     // A voided sale put back as the asset's current one is caught.

@@ -17,6 +17,7 @@ mod migrations;
 mod model;
 mod openapi;
 mod operations;
+mod payments;
 mod proxy;
 mod races;
 mod receiver;

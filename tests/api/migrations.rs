@@ -59,3 +59,124 @@ async fn the_sqlite_file_is_created_and_migrated_once() {
     assert!(restored.get_asset(&id).await.unwrap().is_some());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// History written before each payment had one fate: a payment kept and
+/// refunded, another refunded twice. The migration keeps every refund,
+/// records each reference's earliest fate, and the audit lists the older
+/// conflicts as history without failing; the service starts and applies the
+/// rule from then on.
+const HISTORY: &str = "
+INSERT INTO assets (id, name, status, current_reservation_id, version, last_event_sequence, created_at, updated_at)
+VALUES ('H-A', 'a', 'SOLD', 'res_01HZX49R8T39QK6G7Y1W2V3N4A', 3, 0, '2026-11-01T10:00:00.000000Z', '2026-11-01T10:00:00.000000Z'),
+       ('H-B', 'b', 'AVAILABLE', NULL, 3, 0, '2026-11-01T10:00:00.000000Z', '2026-11-01T10:00:00.000000Z'),
+       ('H-C', 'c', 'AVAILABLE', NULL, 3, 0, '2026-11-01T10:00:00.000000Z', '2026-11-01T10:00:00.000000Z'),
+       ('H-D', 'd', 'AVAILABLE', NULL, 3, 0, '2026-11-01T10:00:00.000000Z', '2026-11-01T10:00:00.000000Z');
+INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, committed_at, released_at, payment_reference, owner)
+VALUES ('res_01HZX49R8T39QK6G7Y1W2V3N4A', 'H-A', 'b', 'COMMITTED', '2026-11-01T10:10:00.000000Z', '2026-11-01T10:00:00.000000Z', '2026-11-01T10:01:00.000000Z', NULL, 'pay-kept-and-refunded', '-'),
+       ('res_01HZX49R8T39QK6G7Y1W2V3N4B', 'H-B', 'b', 'RELEASED', '2026-11-01T10:10:00.000000Z', '2026-11-01T10:00:00.000000Z', NULL, '2026-11-01T10:01:00.000000Z', NULL, '-'),
+       ('res_01HZX49R8T39QK6G7Y1W2V3N4C', 'H-C', 'b', 'RELEASED', '2026-11-01T10:10:00.000000Z', '2026-11-01T10:00:00.000000Z', NULL, '2026-11-01T10:01:00.000000Z', NULL, '-'),
+       ('res_01HZX49R8T39QK6G7Y1W2V3N4D', 'H-D', 'b', 'RELEASED', '2026-11-01T10:10:00.000000Z', '2026-11-01T10:00:00.000000Z', NULL, '2026-11-01T10:01:00.000000Z', NULL, '-');
+INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, status, created_at, completed_at)
+VALUES ('rf_01HZX4B2Q7C3M9D8E6F5G4H3JB', 'res_01HZX49R8T39QK6G7Y1W2V3N4B', 'H-B', 'pay-kept-and-refunded', 'RESERVATION_RELEASED', 'REQUESTED', '2026-11-01T10:02:00.000000Z', NULL),
+       ('rf_01HZX4B2Q7C3M9D8E6F5G4H3JC', 'res_01HZX49R8T39QK6G7Y1W2V3N4C', 'H-C', 'pay-twice', 'RESERVATION_RELEASED', 'REQUESTED', '2026-11-01T10:02:00.000000Z', NULL),
+       ('rf_01HZX4B2Q7C3M9D8E6F5G4H3JD', 'res_01HZX49R8T39QK6G7Y1W2V3N4D', 'H-D', 'pay-twice', 'RESERVATION_RELEASED', 'COMPLETED', '2026-11-01T10:03:00.000000Z', '2026-11-01T10:04:00.000000Z');
+";
+
+/// Migrations before the one-fate rule (the first four).
+const BEFORE_ONE_FATE: usize = 4;
+
+async fn history_survives_the_one_fate_migration(url: String) {
+    use diesel_migrations::MigrationHarness;
+    if url.starts_with("postgres") {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            use diesel::connection::SimpleConnection;
+            use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+            use diesel_async::AsyncPgConnection;
+            let mut conn =
+                <AsyncConnectionWrapper<AsyncPgConnection> as diesel::Connection>::establish(&url)
+                    .unwrap();
+            let migrations = diesel::migration::MigrationSource::<diesel::pg::Pg>::migrations(
+                &holdfast::store::postgres::MIGRATIONS,
+            )
+            .unwrap();
+            diesel::migration::MigrationConnection::setup(&mut conn).unwrap();
+            for migration in &migrations[..BEFORE_ONE_FATE] {
+                conn.run_migration(&**migration).unwrap();
+            }
+            conn.batch_execute(HISTORY).unwrap();
+        })
+        .await
+        .unwrap();
+    } else {
+        use diesel::connection::SimpleConnection;
+        use diesel::Connection;
+        let path = url.trim_start_matches("sqlite://");
+        let mut conn = diesel::SqliteConnection::establish(path).unwrap();
+        let migrations = diesel::migration::MigrationSource::<diesel::sqlite::Sqlite>::migrations(
+            &holdfast::store::sqlite::MIGRATIONS,
+        )
+        .unwrap();
+        diesel::migration::MigrationConnection::setup(&mut conn).unwrap();
+        for migration in &migrations[..BEFORE_ONE_FATE] {
+            conn.run_migration(&**migration).unwrap();
+        }
+        conn.batch_execute(HISTORY).unwrap();
+    }
+    let store = Store::open(&Config::with_database(url.clone()))
+        .await
+        .unwrap();
+    store
+        .migrate()
+        .await
+        .expect("the migration accepts history");
+    let findings = store.audit(chrono::DateTime::UNIX_EPOCH).await.unwrap();
+    let finding = |name: &str| {
+        findings
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .clone()
+    };
+    let history = finding("payment_fates_before_scopes");
+    assert!(history.history);
+    assert_eq!(history.violations, 2, "{findings:#?}");
+    assert_eq!(
+        history.examples,
+        ["pay-kept-and-refunded", "pay-twice"],
+        "{findings:#?}"
+    );
+    for f in findings.iter().filter(|f| !f.history) {
+        if f.name.starts_with("payment") {
+            assert_eq!(f.violations, 0, "{f:#?}");
+        }
+    }
+    // Both old refunds of pay-twice are still there.
+    let reference = holdfast::domain::PaymentReference::parse("pay-twice").unwrap();
+    let fates = store.payments(Some("psp"), &reference).await.unwrap();
+    assert_eq!(fates.len(), 1, "the earliest fate, visible to every client");
+    assert_eq!(
+        fates[0].1.refund.as_ref().unwrap().refund_id,
+        "rf_01HZX4B2Q7C3M9D8E6F5G4H3JC"
+    );
+    let kept = holdfast::domain::PaymentReference::parse("pay-kept-and-refunded").unwrap();
+    let fates = store.payments(None, &kept).await.unwrap();
+    assert_eq!(fates[0].1.fate, holdfast::domain::PaymentOutcome::Bought);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_survives_the_one_fate_migration_on_postgres() {
+    let Some(db) = EmptyPgDatabase::create().await else {
+        return;
+    };
+    history_survives_the_one_fate_migration(db.url.clone()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_survives_the_one_fate_migration_on_sqlite() {
+    let dir = std::env::temp_dir().join(format!("holdfast-hist-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    history_survives_the_one_fate_migration(format!("sqlite://{}", dir.join("h.db").display()))
+        .await;
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -54,9 +54,18 @@ struct Model {
     assets: BTreeSet<String>,
     withdrawn: BTreeSet<String>,
     reservations: BTreeMap<String, Res>,
-    committed_payments: BTreeSet<String>,
+    /// Each payment reference's one fate: the reservation it bought, or the
+    /// one it was refunded through with the code that refund answers.
+    fates: BTreeMap<String, Fate>,
     /// Answers stored under keys: the request they answered, status, raw body.
     stored: BTreeMap<String, (String, u16, Vec<u8>)>,
+}
+
+#[derive(Debug, Clone)]
+struct Fate {
+    reservation: String,
+    /// `None`: it bought the reservation; else the code its refund answers.
+    refunded: Option<&'static str>,
 }
 
 /// What the contract says a request must answer, and whether it is stored.
@@ -64,6 +73,15 @@ struct Expect {
     status: u16,
     code: Option<&'static str>,
     stored: bool,
+}
+
+/// The code a commit refused by a reservation in this state answers.
+fn refusal(status: Status) -> &'static str {
+    match status {
+        Status::Expired => "HOLD_EXPIRED",
+        Status::Committed => "ALREADY_COMMITTED",
+        _ => "RESERVATION_NOT_ACTIVE",
+    }
 }
 
 fn ok(status: u16, stored: bool) -> Expect {
@@ -124,17 +142,23 @@ impl Model {
         let Some(r) = self.reservations.get(id) else {
             return fail(404, "RESERVATION_NOT_FOUND", false);
         };
-        let new_refund = !r.refunds.contains(payment);
-        match self.effective(id) {
-            Status::Held if self.committed_payments.contains(payment) => {
-                fail(409, "PAYMENT_REFERENCE_USED", false)
+        let status = self.effective(id);
+        // First the payment's one fate, then the reservation's state.
+        match self.fates.get(payment) {
+            Some(fate) if fate.reservation != id => fail(409, "PAYMENT_REFERENCE_USED", false),
+            Some(Fate {
+                refunded: Some(code),
+                ..
+            }) => fail(409, code, false),
+            Some(_) if status == Status::Voided => fail(409, "RESERVATION_NOT_ACTIVE", false),
+            Some(_) => {
+                assert_eq!(r.payment.as_deref(), Some(payment), "the model bought {id}");
+                ok(200, false)
             }
-            Status::Held => ok(200, true),
-            Status::Expired => fail(409, "HOLD_EXPIRED", new_refund),
-            Status::Released => fail(409, "RESERVATION_NOT_ACTIVE", new_refund),
-            Status::Committed if r.payment.as_deref() == Some(payment) => ok(200, false),
-            Status::Committed => fail(409, "ALREADY_COMMITTED", new_refund),
-            Status::Voided => fail(409, "RESERVATION_NOT_ACTIVE", new_refund),
+            None => match status {
+                Status::Held => ok(200, true),
+                other => fail(409, refusal(other), true),
+            },
         }
     }
 
@@ -303,19 +327,29 @@ impl Op {
                     },
                 );
             }
-            Op::Commit { id, payment } => {
-                if status == 200 && model.effective(id) == Status::Held {
+            Op::Commit { id, payment } if !model.fates.contains_key(payment) => {
+                let effective = model.effective(id);
+                if status == 200 && effective == Status::Held {
                     let r = model.reservations.get_mut(id).unwrap();
                     r.status = Status::Committed;
                     r.payment = Some(payment.clone());
-                    model.committed_payments.insert(payment.clone());
+                    model.fates.insert(
+                        payment.clone(),
+                        Fate {
+                            reservation: id.clone(),
+                            refunded: None,
+                        },
+                    );
                 } else if body.get("refund").is_some() {
-                    model
-                        .reservations
-                        .get_mut(id)
-                        .unwrap()
-                        .refunds
-                        .insert(payment.clone());
+                    let r = model.reservations.get_mut(id).unwrap();
+                    r.refunds.insert(payment.clone());
+                    model.fates.insert(
+                        payment.clone(),
+                        Fate {
+                            reservation: id.clone(),
+                            refunded: Some(refusal(effective)),
+                        },
+                    );
                 }
             }
             Op::Release { id } if status == 200 && model.effective(id) == Status::Held => {
@@ -582,7 +616,7 @@ fn seeds() -> Vec<u64> {
 
 async fn the_service_behaves_like_the_model(app: TestApp) {
     for seed in seeds() {
-        app.sql("DELETE FROM idempotency_keys; DELETE FROM events; DELETE FROM refunds; DELETE FROM reservations; DELETE FROM assets;")
+        app.sql("DELETE FROM idempotency_keys; DELETE FROM events; DELETE FROM payments; DELETE FROM refunds; DELETE FROM reservations; DELETE FROM assets;")
             .await;
         let mut run = Run {
             app: &app,

@@ -1,0 +1,2 @@
+ALTER TABLE events DROP COLUMN actor;
+ALTER TABLE events DROP COLUMN owner;

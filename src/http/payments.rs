@@ -1,0 +1,73 @@
+//! Payments: what became of a payment reference, for reconciliation and for
+//! a payment system whose idempotency key is lost.
+
+use actix_web::{get, web, HttpResponse};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::access::Caller;
+use super::error::{respond, ApiError};
+use super::AppState;
+use crate::domain::{FieldError, Payment, PaymentReference};
+use crate::keys::Role;
+use crate::reply::{self, Reply};
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PaymentQuery {
+    /// Admins: the payments client (API key name) whose reference this is;
+    /// without it, every client's. Others always read their own.
+    pub client: Option<String>,
+}
+
+/// The fate of a payment reference: the reservation it bought, or its one
+/// refund.
+///
+/// References are scoped by the payments client's key name, so a payments
+/// key reads its own references. Sales recorded before references were
+/// scoped count for every client.
+#[utoipa::path(
+    tag = "payments",
+    operation_id = "get_payment",
+    params(
+        ("payment_reference" = String, Path, description = "The payment system's reference", min_length = 1, max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"),
+        PaymentQuery,
+    ),
+    responses((status = 200, description = "The payment and its fate", body = Payment))
+)]
+#[get("/v1/payments/{payment_reference}")]
+pub async fn get_payment(
+    caller: Caller,
+    state: web::Data<AppState>,
+    path: web::Path<String>,
+    query: web::Query<PaymentQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let reference = PaymentReference::parse(&path).map_err(|_| reply::payment_not_found())?;
+    let scope = match (caller.role, &query.client) {
+        // Admins (and open mode) may name any client, or ask across all.
+        (Some(Role::Admin) | None, client) => client.as_deref(),
+        (_, Some(client)) if *client != caller.name => {
+            return Err(reply::payment_not_found().into())
+        }
+        _ => Some(caller.name.as_str()),
+    };
+    let mut found = state.store.payments(scope, &reference).await?;
+    match found.len() {
+        0 => Err(reply::payment_not_found().into()),
+        1 => {
+            let (_, payment) = found.remove(0);
+            Ok(respond(Reply::json(200, &payment)))
+        }
+        _ => {
+            let clients: Vec<String> = found.into_iter().map(|(scope, _)| scope).collect();
+            Err(reply::validation_failed(vec![FieldError::new(
+                "client",
+                format!(
+                    "several clients used this reference ({}); name one",
+                    clients.join(", ")
+                ),
+            )])
+            .into())
+        }
+    }
+}
