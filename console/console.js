@@ -831,7 +831,7 @@
     let asset;
     let events;
     try {
-      [asset, events] = await Promise.all([api("GET", path), api("GET", `${path}/events`)]);
+      [asset, events] = await Promise.all([api("GET", path), allEvents(path)]);
     } catch (error) {
       if (error instanceof ApiError && error.status === 404 && state.selected === id) {
         alertError(`No asset has the id “${id}”.`);
@@ -845,7 +845,20 @@
     state.selectedAsset = asset;
     if (changed || $("asset-detail").childElementCount === 0) renderDetail(asset);
     lookUpBuyers([asset]);
-    renderEvents(events?.items || []);
+    renderEvents(events);
+  }
+
+  /** Every event of an asset, oldest first, following next_cursor page by page. */
+  async function allEvents(path) {
+    const items = [];
+    let cursor = null;
+    do {
+      const query = cursor ? `?cursor=${encodeURIComponent(cursor)}` : "";
+      const page = await api("GET", `${path}/events${query}`);
+      items.push(...(page?.items || []));
+      cursor = page?.next_cursor || null;
+    } while (cursor);
+    return items;
   }
 
   function renderDetail(asset) {
@@ -926,7 +939,8 @@
       li.dataset.sequence = String(event.sequence);
       const head = el("div", "event-head");
       head.append(el("span", "event-seq", `#${event.sequence}`), el("code", "event-type", event.type), timeEl(event.created_at, "event-time"));
-      li.append(head, el("p", "event-text", describeEvent(event)));
+      const by = event.actor ? ` (by ${event.actor})` : "";
+      li.append(head, el("p", "event-text", describeEvent(event) + by));
       list.append(li);
     }
   }

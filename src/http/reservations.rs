@@ -46,7 +46,9 @@ pub struct HoldAssetRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommitReservationRequest {
-    /// 1 to 128 characters, no control characters. Commits at most one reservation.
+    /// 1 to 128 characters, no control characters. Has exactly one fate: it
+    /// buys one reservation, or it is refunded once. Scoped by the payments
+    /// client's API key name.
     #[schema(
         min_length = 1,
         max_length = 128,
@@ -182,7 +184,25 @@ pub async fn get_reservation(
 }
 
 /// Commit a hold once paid: the asset is SOLD. A payment that cannot be
-/// honoured is answered 409 with the refund it triggered.
+/// honoured is answered 409 with its one refund.
+///
+/// Each payment reference has exactly one fate, decided first:
+///
+/// | the payment reference | the reservation | answer | refund |
+/// |---|---|---|---|
+/// | has a fate through another reservation | any | 409 PAYMENT_REFERENCE_USED, `payment` says what it did | none (no `refund` member) |
+/// | was refunded through this reservation | any | 409 as before | the same one |
+/// | bought this reservation | COMMITTED | 200 | none |
+/// | bought this reservation | VOIDED | 409 RESERVATION_NOT_ACTIVE | none new (the void settled it) |
+/// | no fate yet | HELD (live) | 200, COMMITTED, asset SOLD | none |
+/// | no fate yet | EXPIRED | 409 HOLD_EXPIRED | HOLD_EXPIRED |
+/// | no fate yet | RELEASED | 409 RESERVATION_NOT_ACTIVE | RESERVATION_RELEASED |
+/// | no fate yet | COMMITTED | 409 ALREADY_COMMITTED | ALREADY_COMMITTED |
+/// | no fate yet | VOIDED | 409 RESERVATION_NOT_ACTIVE | SALE_VOIDED |
+///
+/// However often and wherever a payment is sent, it is never both kept and
+/// refunded, nor refunded twice. `GET /v1/payments/{payment_reference}`
+/// answers its fate.
 #[utoipa::path(
     tag = "reservations",
     operation_id = "commit_reservation",
@@ -435,11 +455,13 @@ fn yes() -> bool {
 /// Undo a sale, for a defaulting bidder or a chargeback.
 ///
 /// COMMITTED becomes VOIDED and the asset AVAILABLE again; unless
-/// `{"refund": false}`, the payment is given back with a SALE_VOIDED refund.
-/// The payment_reference stays used. A later commit of this reservation
-/// answers 409 RESERVATION_NOT_ACTIVE (refunding a payment not yet
-/// refunded). Voiding a voided sale changes nothing. Events
-/// `reservation.voided` and `refund.requested`.
+/// `{"refund": false}` (the money went back outside holdfast, e.g. a
+/// chargeback), the payment is given back with a SALE_VOIDED refund. Either
+/// way that is part of the payment's one fate: a later commit of this
+/// reservation with it answers 409 RESERVATION_NOT_ACTIVE and refunds
+/// nothing new (another payment is refunded). Voiding a voided sale changes
+/// nothing. Events `reservation.voided` and `refund.requested`, naming the
+/// API key that voided it as `actor`.
 #[utoipa::path(
     tag = "reservations",
     operation_id = "void_reservation",
