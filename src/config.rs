@@ -203,6 +203,18 @@ pub struct Config {
     #[arg(long, env = "HOLDFAST_MAX_BODY_BYTES", default_value_t = 16 * 1024, global = true)]
     pub max_body_bytes: usize,
 
+    /// SQLite durability: `full` syncs the disk at every commit, so an
+    /// answered write survives power loss; `normal` syncs at checkpoints
+    /// only (faster; a power cut may lose the last commits).
+    #[arg(
+        long,
+        env = "HOLDFAST_SQLITE_SYNCHRONOUS",
+        value_enum,
+        default_value_t = SqliteSynchronous::Full,
+        global = true
+    )]
+    pub sqlite_synchronous: SqliteSynchronous,
+
     /// Database connections in the pool.
     #[arg(
         long,
@@ -295,6 +307,25 @@ impl std::str::FromStr for Secret {
     }
 }
 
+/// How SQLite syncs its commits to disk (`PRAGMA synchronous`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SqliteSynchronous {
+    /// Every commit is on disk before it is answered.
+    Full,
+    /// Commits are on disk at the next checkpoint; a power cut may lose the
+    /// last ones (a crash of the process alone loses nothing).
+    Normal,
+}
+
+impl SqliteSynchronous {
+    pub fn as_pragma(self) -> &'static str {
+        match self {
+            SqliteSynchronous::Full => "FULL",
+            SqliteSynchronous::Normal => "NORMAL",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -361,6 +392,7 @@ impl Config {
             rate_limit_per_second: None,
             rate_limit_burst: None,
             max_body_bytes: 16 * 1024,
+            sqlite_synchronous: SqliteSynchronous::Full,
             db_pool_size: 16,
             db_acquire_timeout_ms: 2000,
             db_statement_timeout_ms: 2500,
@@ -600,6 +632,7 @@ impl Config {
                 .event_retention_days
                 .map(|d| Duration::from_secs(d * 86_400)),
             sweep_batch: self.janitor_batch,
+            sqlite_synchronous: self.sqlite_synchronous,
         }
     }
 }

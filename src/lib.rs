@@ -69,6 +69,14 @@ impl Application {
         if migrate {
             store.migrate().await?;
         }
+        match store.check_feed().await {
+            // A database down at start is no reason not to serve: requests
+            // answer 503 until it is back. The check runs at the next start.
+            Err(e) if e.is_unavailable() => {
+                tracing::warn!(error = %e, "the event feed could not be checked at start")
+            }
+            other => other?,
+        }
         let listener = TcpListener::bind(config.bind).map_err(|source| StartError::Bind {
             addr: config.bind,
             source,

@@ -30,6 +30,11 @@ enum Command {
         /// Where to write the copy; must not exist yet.
         path: std::path::PathBuf,
     },
+    /// Put an SQLite backup in place of the (stopped) embedded database.
+    Restore {
+        /// A copy written by `holdfast backup`.
+        path: std::path::PathBuf,
+    },
     /// Check every invariant in the database; exit 1 when one is violated.
     Audit {
         /// One JSON document instead of text.
@@ -120,6 +125,26 @@ async fn run(cli: Cli) -> Result<(), String> {
             let store = open(&config).await?;
             store.backup(&path).await.map_err(|e| e.to_string())?;
             println!("backed up {} to {}", store.describe(), path.display());
+            Ok(())
+        }
+        Command::Restore { path } => {
+            let holdfast::config::DatabaseUrl::Sqlite(target) =
+                config.database().map_err(|e| e.to_string())?
+            else {
+                return Err("restore puts back a backup of the embedded SQLite database; for \
+                            PostgreSQL restore a physical backup (pg_basebackup) or pg_restore a dump"
+                    .into());
+            };
+            let (backup, into) = (path.clone(), target.clone());
+            tokio::task::spawn_blocking(move || holdfast::store::sqlite::restore(&backup, &into))
+                .await
+                .map_err(|e| format!("the restore task failed: {e}"))?
+                .map_err(|e| e.to_string())?;
+            println!(
+                "restored {} into {}; start holdfast (it migrates the copy if it is older)",
+                path.display(),
+                target.display()
+            );
             Ok(())
         }
         Command::Audit { json } => {

@@ -2,8 +2,8 @@
 //!
 //! Due events are claimed with `FOR UPDATE SKIP LOCKED` and leased in one
 //! short statement that commits before any network call; then each is POSTed.
-//! A 2xx marks it delivered; anything else (status, timeout, refused
-//! connection) schedules a retry with exponential backoff and jitter, until
+//! A 2xx marks it delivered; anything else (another status, a redirect,
+//! which is never followed, a timeout, a refused connection) schedules a retry with exponential backoff and jitter, until
 //! the attempts run out and the event is parked as dead. A dispatcher that
 //! dies mid-batch leaves its lease to expire, and the events are sent again.
 
@@ -80,8 +80,11 @@ pub struct Dispatcher {
 
 impl Dispatcher {
     pub fn new(store: Store, settings: Settings) -> Result<Self, String> {
+        // A redirect is not a delivery: a 302 would turn the POST into a GET
+        // without the event, and its 2xx would mark the event delivered.
         let client = reqwest::Client::builder()
             .timeout(settings.timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("holdfast/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| format!("cannot build the webhook client: {e}"))?;
@@ -167,6 +170,23 @@ impl Dispatcher {
             .await;
         let error = match outcome {
             Ok(response) if response.status().is_success() => return DeliveryResult::Delivered,
+            Ok(response) if response.status().is_redirection() => {
+                let location = response
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .map(|l| l.to_str().unwrap_or("(not text)").to_owned())
+                    .unwrap_or_else(|| "(none)".to_owned());
+                tracing::warn!(
+                    event_id = %event.id,
+                    status = response.status().as_u16(),
+                    %location,
+                    "the webhook receiver redirected; redirects are not followed"
+                );
+                format!(
+                    "the receiver answered {} with Location {location}; redirects are not followed",
+                    response.status()
+                )
+            }
             Ok(response) => format!("the receiver answered {}", response.status()),
             Err(e) if e.is_timeout() => "the receiver did not answer in time".to_owned(),
             Err(e) if e.is_connect() => "the receiver could not be reached".to_owned(),

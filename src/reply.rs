@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::domain::{
     format_timestamp, Asset, AssetStatus, FieldError, Payment, PaymentOutcome, Refund,
-    RefundReason, Reservation, Timestamp,
+    RefundReason, Reservation, Timestamp, WriteOutcome,
 };
 
 /// An HTTP answer reduced to what idempotency stores: status, body, Location.
@@ -371,11 +371,20 @@ pub fn event_not_found() -> Problem {
     Problem::new(ErrorCode::EventNotFound, "No event has this id.")
 }
 
-pub fn service_unavailable() -> Problem {
-    Problem::new(
-        ErrorCode::ServiceUnavailable,
-        "The database is unreachable or too slow; nothing was changed. Retry later.",
-    )
+/// The 503 of a database that did not answer in time, saying whether the
+/// request may have changed something.
+pub fn service_unavailable(outcome: WriteOutcome) -> Problem {
+    let message = match outcome {
+        WriteOutcome::NotApplied => {
+            "The database is unreachable or too slow; nothing was changed. Retry later."
+        }
+        WriteOutcome::Unknown => {
+            "The database did not confirm in time; the change may have been committed. \
+             Retry with the same Idempotency-Key: if it committed, the stored answer is \
+             returned; if not, the request runs again."
+        }
+    };
+    Problem::new(ErrorCode::ServiceUnavailable, message).with("write_outcome", outcome)
 }
 
 #[cfg(test)]

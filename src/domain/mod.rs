@@ -12,6 +12,7 @@ pub use ids::{
 pub use model::{
     Asset, AssetStatus, Event, EventData, EventSummary, EventType, Payment, PaymentFate,
     PaymentOutcome, Refund, RefundReason, RefundStatus, Reservation, ReservationStatus,
+    WriteOutcome,
 };
 pub use rules::{
     commit_decision, extension_allowed, hold_decision, release_decision, withdraw_decision,

@@ -438,3 +438,14 @@ mod tests {
         }
     }
 }
+
+/// Whether a request that answered 503 may have changed something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum WriteOutcome {
+    /// Nothing was written: the request may be sent again as it is.
+    NotApplied,
+    /// A COMMIT may have been sent: the change may have committed. A retry
+    /// with the same Idempotency-Key answers the stored answer if it did.
+    Unknown,
+}

@@ -56,7 +56,7 @@ fn example(code: ErrorCode) -> Value {
         RefundNotFound => reply::refund_not_found(),
         EventNotFound => reply::event_not_found(),
         PaymentNotFound => reply::payment_not_found(),
-        ServiceUnavailable => reply::service_unavailable(),
+        ServiceUnavailable => reply::service_unavailable(crate::store::WriteOutcome::Unknown),
         HoldLimitReached => reply::hold_limit_reached(5),
         SaleNotOpen => reply::sale_not_open(
             chrono::DateTime::parse_from_rfc3339("2026-12-01T09:00:00Z")
@@ -100,7 +100,7 @@ pub fn describe(code: ErrorCode) -> &'static str {
         IdempotencyKeyReused => "This Idempotency-Key was used for a different request.",
         RateLimited => "Too many requests; see Retry-After.",
         Internal => "A bug; nothing internal is shown.",
-        ServiceUnavailable => "The database is unreachable or too slow; nothing changed. See Retry-After.",
+        ServiceUnavailable => "The database is unreachable or too slow; see Retry-After. `write_outcome` says whether anything may have been written: NOT_APPLIED (nothing was: retry freely) or UNKNOWN (a COMMIT may have been sent: retry with the same Idempotency-Key, which returns the stored answer if it committed).",
     }
 }
 

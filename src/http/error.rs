@@ -58,7 +58,7 @@ impl ResponseError for ApiError {
             ApiError::Store(e) if e.is_unavailable() => {
                 metrics::counter!("holdfast_db_errors_total", "kind" => e.kind()).increment(1);
                 tracing::warn!(error = %e, "database unavailable");
-                respond(reply::service_unavailable().into_reply())
+                respond(reply::service_unavailable(e.write_outcome()).into_reply())
             }
             ApiError::Store(e) => {
                 metrics::counter!("holdfast_db_errors_total", "kind" => e.kind()).increment(1);

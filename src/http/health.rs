@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 use super::error::{respond, ApiError};
 use super::AppState;
 use crate::reply::{self, Reply};
+use crate::store::WriteOutcome;
 
 /// How long readiness waits for the database.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -44,8 +45,8 @@ pub async fn get_readiness(state: web::Data<AppState>) -> Result<HttpResponse, A
         Ok(Ok(())) => Ok(respond(Reply::json(200, &Health { status: "ready" }))),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "not ready");
-            Err(reply::service_unavailable().into())
+            Err(reply::service_unavailable(WriteOutcome::NotApplied).into())
         }
-        Err(_) => Err(reply::service_unavailable().into()),
+        Err(_) => Err(reply::service_unavailable(WriteOutcome::NotApplied).into()),
     }
 }

@@ -82,6 +82,9 @@ pub struct ProblemBody {
     /// PAYMENT_REFERENCE_USED: what the payment did, through another reservation.
     #[schema(nullable = false)]
     pub payment: Option<Payment>,
+    /// SERVICE_UNAVAILABLE: whether the request may have changed something.
+    #[schema(nullable = false)]
+    pub write_outcome: Option<crate::store::WriteOutcome>,
 }
 
 #[derive(OpenApi)]

@@ -1,15 +1,17 @@
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
+use super::outcome::WriteOutcome;
 use super::StoreResult;
 
 /// Why a store call failed. `Unavailable` means the database could not answer
-/// in time or at all: nothing was committed and the client may retry (503).
+/// in time or at all (503); `outcome` says whether a COMMIT may have been sent.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database unavailable while trying to {context}: {reason}")]
     Unavailable {
         context: &'static str,
         reason: String,
+        outcome: WriteOutcome,
     },
     #[error("database error while trying to {context}")]
     Query {
@@ -28,6 +30,28 @@ pub enum StoreError {
 impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         matches!(self, StoreError::Unavailable { .. })
+    }
+
+    /// For a 503: whether the call may have written.
+    pub fn write_outcome(&self) -> WriteOutcome {
+        match self {
+            StoreError::Unavailable { outcome, .. } => *outcome,
+            _ => WriteOutcome::NotApplied,
+        }
+    }
+
+    /// The same error, with what the call may have written.
+    pub(crate) fn with_outcome(self, written: WriteOutcome) -> Self {
+        match self {
+            StoreError::Unavailable {
+                context, reason, ..
+            } => StoreError::Unavailable {
+                context,
+                reason,
+                outcome: written,
+            },
+            other => other,
+        }
     }
 
     /// `timeout` (a wait ran out), `unavailable` (the database could not be
@@ -50,9 +74,14 @@ impl StoreError {
     /// The same error for another caller of a shared statement.
     pub(crate) fn duplicate(&self) -> Self {
         match self {
-            StoreError::Unavailable { context, reason } => StoreError::Unavailable {
+            StoreError::Unavailable {
+                context,
+                reason,
+                outcome,
+            } => StoreError::Unavailable {
                 context,
                 reason: reason.clone(),
+                outcome: *outcome,
             },
             StoreError::Query { context, source } => StoreError::Query {
                 context,
@@ -64,10 +93,13 @@ impl StoreError {
         }
     }
 
+    /// The database could not answer; what the call may have written is
+    /// filled in by the call's gate.
     pub fn unavailable(context: &'static str, reason: impl ToString) -> Self {
         StoreError::Unavailable {
             context,
             reason: reason.to_string(),
+            outcome: WriteOutcome::NotApplied,
         }
     }
 
@@ -146,6 +178,8 @@ impl From<DieselError> for StoreError {
 pub(crate) enum Abort {
     /// Roll back: the state moved under us; read again and decide again.
     Retry,
+    /// Roll back: the caller gave up before the COMMIT.
+    Abandoned,
     Failed(StoreError),
 }
 
@@ -156,7 +190,7 @@ impl Abort {
         match result {
             Ok(value) => Ok(value),
             Err(Abort::Retry) => Ok(on_retry),
-            Err(Abort::Failed(e)) => Err(e),
+            Err(other) => Err(other.into_error()),
         }
     }
 }
@@ -167,6 +201,10 @@ impl Abort {
         match self {
             Abort::Failed(e) => e,
             Abort::Retry => StoreError::unavailable("finish a transaction", "it was rolled back"),
+            Abort::Abandoned => StoreError::unavailable(
+                "finish a transaction",
+                "rolled back: no answer within the request's time (timeout)",
+            ),
         }
     }
 }

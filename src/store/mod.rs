@@ -5,6 +5,7 @@ mod audit;
 mod coalesce;
 mod error;
 mod flow;
+mod outcome;
 pub mod postgres;
 mod rows;
 mod schema;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 pub use audit::Finding;
 pub use error::StoreError;
+pub use outcome::WriteOutcome;
 
 use crate::config::{Config, DatabaseUrl};
 use crate::domain::{
@@ -34,6 +36,17 @@ fn statement_counter() -> impl FnMut(diesel::connection::InstrumentationEvent<'_
         if let diesel::connection::InstrumentationEvent::StartQuery { .. } = event {
             statements.increment(1);
         }
+    }
+}
+
+/// [`statement_counter`], and the marks of every COMMIT on the gate of the
+/// call that sends it (PostgreSQL, where calls run on the request's task).
+fn watched_counter() -> impl FnMut(diesel::connection::InstrumentationEvent<'_>) + Send + 'static {
+    let mut count = statement_counter();
+    let mut watch = outcome::CommitWatch::default();
+    move |event| {
+        watch.on_event(&event);
+        count(event);
     }
 }
 
@@ -324,6 +337,8 @@ pub struct StoreSettings {
     /// Delivered events older than this are purged; `None` keeps them all.
     pub event_retention: Option<Duration>,
     pub sweep_batch: i64,
+    /// SQLite's `PRAGMA synchronous`.
+    pub sqlite_synchronous: crate::config::SqliteSynchronous,
 }
 
 /// The configured backend.
@@ -342,22 +357,26 @@ macro_rules! dispatch {
     };
 }
 
-/// Runs a store call within the call timeout.
+/// Runs a store call within the call timeout, with a gate that tells a
+/// failure that wrote nothing from one whose COMMIT may have been sent.
 macro_rules! bounded {
     ($self:ident, $context:literal, $store:ident => $call:expr) => {{
         let timeout = $self.settings().call_timeout;
-        let call = async {
+        let gate = outcome::Gate::new();
+        let call = outcome::with_gate(gate.clone(), async {
             match $self {
                 Store::Postgres($store) => $call.await,
                 Store::Sqlite($store) => $call.await,
             }
-        };
+        });
         match tokio::time::timeout(timeout, call).await {
-            Ok(result) => result,
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(e.with_outcome(gate.outcome())),
             Err(_) => Err(StoreError::unavailable(
                 $context,
                 format!("no answer within {timeout:?} (timeout)"),
-            )),
+            )
+            .with_outcome(gate.abandon())),
         }
     }};
 }
@@ -381,6 +400,15 @@ impl Store {
 
     pub async fn migrate(&self) -> StoreResult<()> {
         dispatch!(self, s => s.migrate().await)
+    }
+
+    /// Checks that the event feed can go on from where its pollers are (see
+    /// `PgStore::check_feed`); SQLite's positions need no check.
+    pub async fn check_feed(&self) -> StoreResult<()> {
+        match self {
+            Store::Postgres(s) => s.check_feed().await,
+            Store::Sqlite(_) => Ok(()),
+        }
     }
 
     pub async fn ping(&self) -> StoreResult<()> {

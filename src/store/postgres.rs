@@ -102,7 +102,7 @@ impl PgStore {
                 ))
                 .await
                 .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
-                conn.set_instrumentation(super::statement_counter());
+                conn.set_instrumentation(super::watched_counter());
                 Ok(conn)
             }
             .boxed()
@@ -187,6 +187,34 @@ impl PgStore {
         })
         .await
         .map_err(|e| StoreError::Migration(format!("migration task failed: {e}")))?
+    }
+
+    /// Refuses a database whose events carry transaction ids ahead of this
+    /// cluster's counter (a `pg_dump` restored into another cluster): the
+    /// feed orders by transaction id, so new events would sort before the
+    /// cursors pollers already hold, and they would never see them.
+    pub async fn check_feed(&self) -> StoreResult<()> {
+        #[derive(QueryableByName)]
+        struct Counters {
+            #[diesel(sql_type = Nullable<BigInt>)]
+            newest: Option<i64>,
+            #[diesel(sql_type = BigInt)]
+            next: i64,
+        }
+        let mut conn = self.conn().await?;
+        let counters = sql_query(
+            "SELECT (SELECT max(txid) FROM events)::text::bigint AS newest, \
+                    pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next",
+        )
+        .get_result::<Counters>(&mut conn)
+        .await
+        .context("compare the feed with the transaction counter")?;
+        match counters.newest {
+            Some(newest) if newest >= counters.next => {
+                Err(StoreError::Config(feed_ahead(newest, counters.next)))
+            }
+            _ => Ok(()),
+        }
     }
 
     pub async fn audit(&self, events_since: Timestamp) -> StoreResult<Vec<Finding>> {
@@ -1104,6 +1132,21 @@ async fn record_fate(
         .await
         .context("record the payment's fate")?;
     Ok(())
+}
+
+/// What to do when the events are ahead of the cluster's transaction counter.
+fn feed_ahead(newest: i64, next: i64) -> String {
+    let target = newest + 1;
+    let (epoch, xid) = (target >> 32, (target & 0xffff_ffff).max(3));
+    format!(
+        "the event feed's newest transaction id ({newest}) is ahead of this PostgreSQL \
+         cluster's next one ({next}): the database was restored with pg_dump into a cluster \
+         whose transaction counter is behind, and new events would sort before the cursors \
+         that pollers already hold, who would never receive them. Advance the counter past \
+         {newest}: stop PostgreSQL and run, as its owner, `pg_resetwal -e {epoch} -x {xid} \
+         <data directory>`, then start PostgreSQL and holdfast again. Physical backups \
+         (pg_basebackup, file-system snapshots) keep the counter and need none of this."
+    )
 }
 
 /// A reservation's first read: the database clock, the reservation, the

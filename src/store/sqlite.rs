@@ -48,15 +48,17 @@ fn clock() -> Timestamp {
 #[derive(Debug)]
 struct Pragmas {
     busy_timeout: Duration,
+    synchronous: &'static str,
 }
 
 impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for Pragmas {
     fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), diesel::r2d2::Error> {
         conn.set_instrumentation(super::statement_counter());
         conn.batch_execute(&format!(
-            "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+            "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = {}; \
              PRAGMA foreign_keys = ON;",
-            self.busy_timeout.as_millis()
+            self.busy_timeout.as_millis(),
+            self.synchronous
         ))
         .map_err(diesel::r2d2::Error::QueryError)
     }
@@ -86,6 +88,7 @@ impl SqliteStore {
                 .connection_timeout(settings.acquire_timeout)
                 .connection_customizer(Box::new(Pragmas {
                     busy_timeout: settings.lock_timeout,
+                    synchronous: settings.sqlite_synchronous.as_pragma(),
                 }))
                 .build(ConnectionManager::<SqliteConnection>::new(
                     path.display().to_string(),
@@ -104,7 +107,27 @@ impl SqliteStore {
     }
 
     pub fn describe(&self) -> String {
-        format!("SQLite at {}", self.path.display())
+        format!(
+            "SQLite at {} (synchronous = {})",
+            self.path.display(),
+            self.settings.sqlite_synchronous.as_pragma()
+        )
+    }
+
+    /// `PRAGMA synchronous` as the writer connection has it: 2 is FULL, 1 NORMAL.
+    pub async fn synchronous(&self) -> StoreResult<i64> {
+        #[derive(QueryableByName)]
+        struct Synchronous {
+            #[diesel(sql_type = BigInt)]
+            synchronous: i64,
+        }
+        run(self.writer.clone(), "read a setting", |c| {
+            sql_query("PRAGMA synchronous")
+                .get_result::<Synchronous>(c)
+                .map(|s| s.synchronous)
+                .context("read a setting")
+        })
+        .await
     }
 
     pub fn path(&self) -> &Path {
@@ -135,14 +158,31 @@ impl SqliteStore {
         run(self.readers.clone(), context, work).await
     }
 
-    /// Runs `work` in a `BEGIN IMMEDIATE` transaction on the writer.
+    /// Runs `work` in a `BEGIN IMMEDIATE` transaction on the writer. The
+    /// work goes on on its blocking thread even when the call gives up: it
+    /// commits only if the call's gate is still open, else it rolls back.
     async fn write<T, F>(&self, context: &'static str, work: F) -> StoreResult<Result<T, Abort>>
     where
         T: Send + 'static,
         F: FnOnce(&mut SqliteConnection) -> Result<T, Abort> + Send + 'static,
     {
+        let gate = super::outcome::current();
         run(self.writer.clone(), context, move |conn| {
-            Ok(conn.immediate_transaction(work))
+            let mut opened = false;
+            let result = conn.immediate_transaction(|c| {
+                let value = work(c)?;
+                if let Some(gate) = &gate {
+                    if !gate.open_commit() {
+                        return Err(Abort::Abandoned);
+                    }
+                    opened = true;
+                }
+                Ok(value)
+            });
+            if let (true, Some(gate), Ok(_)) = (opened, &gate, &result) {
+                gate.close_commit(Ok(()), super::WriteOutcome::NotApplied);
+            }
+            Ok(result)
         })
         .await
     }
@@ -219,7 +259,7 @@ impl SqliteStore {
         match result {
             Ok(row) => row.map(|r| r.asset.into_asset(r.now)).transpose(),
             Err(Abort::Retry) => Ok(None),
-            Err(Abort::Failed(e)) => Err(e),
+            Err(other) => Err(other.into_error()),
         }
     }
 
@@ -468,11 +508,70 @@ impl SqliteStore {
     }
 }
 
-fn abort_to_error(abort: Abort) -> StoreError {
-    match abort {
-        Abort::Failed(e) => e,
-        Abort::Retry => StoreError::unavailable("finish a transaction", "it was rolled back"),
+/// Puts the backup at `backup` in place of the database at `target`, which
+/// no holdfast may have open: the backup must be a whole holdfast database
+/// (`PRAGMA integrity_check`), the target's old write-ahead log and shared
+/// memory files are removed (a stale log would be replayed into the restored
+/// file), and the copy is synced and renamed into place, so that a crash
+/// leaves either the old database or the restored one.
+pub fn restore(backup: &Path, target: &Path) -> StoreResult<()> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        StoreError::Config(format!("cannot restore {}: {what}: {e}", backup.display()))
+    };
+    {
+        let mut conn = SqliteConnection::establish(&backup.display().to_string())
+            .map_err(|e| fail("cannot open it", &e))?;
+        #[derive(QueryableByName)]
+        struct Check {
+            #[diesel(sql_type = Text)]
+            integrity_check: String,
+        }
+        let checks = sql_query("PRAGMA integrity_check")
+            .load::<Check>(&mut conn)
+            .map_err(|e| fail("cannot check it", &e))?;
+        if checks.len() != 1 || checks[0].integrity_check != "ok" {
+            let found: Vec<String> = checks.into_iter().map(|c| c.integrity_check).collect();
+            return Err(fail("it is damaged", &found.join("; ")));
+        }
+        let tables = sql_query(
+            "SELECT name AS integrity_check FROM sqlite_master \
+             WHERE type = 'table' AND name IN ('__diesel_schema_migrations', 'assets', 'events')",
+        )
+        .load::<Check>(&mut conn)
+        .map_err(|e| fail("cannot read it", &e))?;
+        if tables.len() != 3 {
+            return Err(StoreError::Config(format!(
+                "cannot restore {}: it is not a holdfast database",
+                backup.display()
+            )));
+        }
     }
+    let target = std::path::absolute(target)
+        .map_err(|e| StoreError::Config(format!("cannot resolve {}: {e}", target.display())))?;
+    let staging = target.with_extension("restoring");
+    std::fs::copy(backup, &staging).map_err(|e| fail("cannot copy it", &e))?;
+    std::fs::File::open(&staging)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| fail("cannot sync the copy", &e))?;
+    for suffix in ["-wal", "-shm"] {
+        let side = PathBuf::from(format!("{}{suffix}", target.display()));
+        match std::fs::remove_file(&side) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(fail(&format!("cannot remove {}", side.display()), &e)),
+        }
+    }
+    std::fs::rename(&staging, &target).map_err(|e| fail("cannot put it in place", &e))?;
+    if let Some(dir) = target.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| fail("cannot sync the directory", &e))?;
+    }
+    Ok(())
+}
+
+fn abort_to_error(abort: Abort) -> StoreError {
+    abort.into_error()
 }
 
 async fn run<T, F>(
@@ -495,7 +594,7 @@ where
 }
 
 /// Delivery of events, the event feed and refunds. Writes are serialised,
-/// so row id order is commit order.
+/// so position order is commit order.
 impl SqliteStore {
     pub async fn list_refunds(&self, page: &RefundPage) -> StoreResult<Vec<Refund>> {
         let page = page.clone();
@@ -525,10 +624,10 @@ impl SqliteStore {
     ) -> StoreResult<Vec<(FeedCursor, Event)>> {
         self.read("read the event feed", move |c| {
             let sql = if dead {
-                format!("SELECT 0 AS tx, rowid AS position, {EVENT_COLUMNS} FROM events WHERE dead_at IS NOT NULL AND rowid > ? \
-                 ORDER BY rowid LIMIT ?")
+                format!("SELECT 0 AS tx, position, {EVENT_COLUMNS} FROM events WHERE dead_at IS NOT NULL AND position > ? \
+                 ORDER BY position LIMIT ?")
             } else {
-                format!("SELECT 0 AS tx, rowid AS position, {EVENT_COLUMNS} FROM events WHERE rowid > ? ORDER BY rowid LIMIT ?")
+                format!("SELECT 0 AS tx, position, {EVENT_COLUMNS} FROM events WHERE position > ? ORDER BY position LIMIT ?")
             };
             let rows = sql_query(sql)
                 .bind::<BigInt, _>(after.position)
@@ -577,7 +676,7 @@ impl SqliteStore {
                      WHERE id IN (SELECT id FROM events \
                                   WHERE delivered_at IS NULL AND dead_at IS NULL \
                                     AND (next_attempt_at IS NULL OR next_attempt_at <= ?2) \
-                                  ORDER BY rowid LIMIT ?3) \
+                                  ORDER BY position LIMIT ?3) \
                      RETURNING {EVENT_COLUMNS}, attempts"
                 ))
                 .bind::<Instant, _>(now + lease)
@@ -718,9 +817,9 @@ impl Backend for SqliteStore {
         let purged = self
             .write("purge delivered events", move |c| {
                 Ok(sql_query(
-                    "DELETE FROM events WHERE rowid IN ( \
-                       SELECT rowid FROM events WHERE delivered_at IS NOT NULL AND created_at < ? \
-                       ORDER BY rowid LIMIT ?)",
+                    "DELETE FROM events WHERE position IN ( \
+                       SELECT position FROM events WHERE delivered_at IS NOT NULL AND created_at < ? \
+                       ORDER BY position LIMIT ?)",
                 )
                 .bind::<Instant, _>(clock() - retention)
                 .bind::<BigInt, _>(limit)
@@ -1392,10 +1491,14 @@ fn next_sequence(conn: &mut SqliteConnection, asset: &str) -> StoreResult<i64> {
         .context("number an event")
 }
 
-/// An event; its owner is the owner of the reservation it reports (?7).
+/// An event; its owner is the owner of the reservation it reports (?7). Its
+/// feed position is the larger of the last one plus one and the clock in
+/// microseconds (?9): it grows even when every older event was purged, and
+/// after a restore it lies above every position handed out before.
 const INSERT_EVENT_SQL: &str = "\
-INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner, actor)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, (SELECT owner FROM reservations WHERE id = ?7), ?8)";
+INSERT INTO events (position, id, asset_id, sequence, type, data, created_at, owner, actor)
+VALUES (max(coalesce((SELECT max(position) FROM events), 0) + 1, ?9),
+        ?1, ?2, ?3, ?4, ?5, ?6, (SELECT owner FROM reservations WHERE id = ?7), ?8)";
 
 fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()> {
     sql_query(INSERT_EVENT_SQL)
@@ -1407,6 +1510,7 @@ fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()
         .bind::<Instant, _>(event.created_at)
         .bind::<Nullable<Text>, _>(event.reservation_id.as_deref())
         .bind::<Nullable<Text>, _>(event.actor.as_deref())
+        .bind::<BigInt, _>(clock().timestamp_micros())
         .execute(conn)
         .context("record an event")?;
     Ok(())

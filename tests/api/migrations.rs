@@ -180,3 +180,29 @@ async fn history_survives_the_one_fate_migration_on_sqlite() {
         .await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// SQLite syncs every commit to disk by default (an answered write survives
+/// power loss); NORMAL only when asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_is_durable_at_every_commit_by_default() {
+    use holdfast::config::SqliteSynchronous;
+    let dir = std::env::temp_dir().join(format!("holdfast-sync-{}", ulid::Ulid::new()));
+    let url = format!("sqlite://{}", dir.join("s.db").display());
+    for (setting, pragma, word) in [
+        (None, 2, "FULL"),
+        (Some(SqliteSynchronous::Normal), 1, "NORMAL"),
+        (Some(SqliteSynchronous::Full), 2, "FULL"),
+    ] {
+        let mut config = Config::with_database(url.clone());
+        if let Some(setting) = setting {
+            config.sqlite_synchronous = setting;
+        }
+        let store = Store::open(&config).await.unwrap();
+        let Store::Sqlite(sqlite) = &store else {
+            panic!("an SQLite store")
+        };
+        assert_eq!(sqlite.synchronous().await.unwrap(), pragma, "{setting:?}");
+        assert!(store.describe().contains(word), "{}", store.describe());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -16,6 +16,8 @@ pub struct Received {
     pub event_id: String,
     pub signature: String,
     pub body: String,
+    pub method: String,
+    pub path: String,
 }
 
 impl Received {
@@ -53,6 +55,8 @@ impl Received {
 struct Inbox {
     received: Mutex<Vec<Received>>,
     failures_left: AtomicUsize,
+    /// Answer every request but those to /landing with 302 to /landing.
+    redirect: bool,
 }
 
 pub struct Receiver {
@@ -73,7 +77,14 @@ async fn receive(req: HttpRequest, body: String, inbox: web::Data<Inbox>) -> Htt
         event_id: header("Holdfast-Event-Id"),
         signature: header("Holdfast-Signature"),
         body,
+        method: req.method().to_string(),
+        path: req.path().to_owned(),
     });
+    if inbox.redirect && req.path() != "/landing" {
+        return HttpResponse::Found()
+            .insert_header(("Location", "/landing"))
+            .finish();
+    }
     let fail = inbox
         .failures_left
         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -104,11 +115,22 @@ impl Receiver {
         Self::start_on(TcpListener::bind(("127.0.0.1", port)).unwrap(), 0)
     }
 
+    /// A receiver that answers every POST with `302 Location: /landing`
+    /// (where a GET would get 204).
+    pub async fn start_redirecting() -> Self {
+        Self::start_with(TcpListener::bind("127.0.0.1:0").unwrap(), 0, true)
+    }
+
     fn start_on(listener: TcpListener, fail_first: usize) -> Self {
+        Self::start_with(listener, fail_first, false)
+    }
+
+    fn start_with(listener: TcpListener, fail_first: usize, redirect: bool) -> Self {
         let port = listener.local_addr().unwrap().port();
         let inbox = Arc::new(Inbox {
             received: Mutex::new(Vec::new()),
             failures_left: AtomicUsize::new(fail_first),
+            redirect,
         });
         let data = web::Data::from(inbox.clone());
         let server = HttpServer::new(move || {

@@ -110,6 +110,38 @@ async fn a_failing_receiver_gets_the_event_once_more_per_failure(app: TestApp) {
     receiver.stop().await;
 }
 
+/// A redirect is not a delivery: never followed, it counts as a failed
+/// attempt (with its Location recorded), retried and finally parked as dead.
+async fn a_redirect_is_a_failed_attempt(app: TestApp) {
+    let receiver = Receiver::start_redirecting().await;
+    app.create_asset("W-R").await;
+    app.hold("W-R", "b", 300).await;
+    let d = dispatcher(&app, &receiver.url, 2);
+    let first = d.run_once().await.unwrap();
+    assert_eq!((first.delivered, first.retrying), (0, 1), "{first:?}");
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM events WHERE delivered_at IS NULL AND last_error LIKE '%302%Location /landing%'"
+        )
+        .await,
+        1
+    );
+    wait_for_retry().await;
+    let second = d.run_once().await.unwrap();
+    assert_eq!((second.delivered, second.dead), (0, 1), "{second:?}");
+    let got = receiver.received();
+    assert_eq!(got.len(), 2, "two POSTs, no redirected request");
+    assert!(got
+        .iter()
+        .all(|r| r.method == "POST" && r.path != "/landing"));
+    assert_eq!(
+        app.count("SELECT count(*) FROM events WHERE dead_at IS NOT NULL")
+            .await,
+        1
+    );
+    receiver.stop().await;
+}
+
 async fn a_receiver_down_keeps_events_pending_until_it_returns(app: TestApp) {
     let port = Receiver::vacant_port();
     let url = format!("http://127.0.0.1:{port}/hooks/holdfast");
@@ -390,7 +422,53 @@ backend_tests!(
     refunds_are_listed_and_completed_once,
     refunds_page_by_cursor,
     old_delivered_events_are_purged_only_when_configured,
+    a_redirect_is_a_failed_attempt,
 );
+
+/// The feed's cursor only grows: once retention purged every event, a poller
+/// resuming from its old cursor still receives every new event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_feed_never_skips_after_every_event_was_purged() {
+    for backend in [Backend::Postgres, Backend::Sqlite] {
+        let Some(app) =
+            TestApp::try_spawn_with(backend, |c| c.event_retention_days = Some(30)).await
+        else {
+            continue;
+        };
+        for i in 0..3 {
+            app.create_asset(&format!("FP-{i}")).await;
+            app.hold(&format!("FP-{i}"), "b", 300).await;
+        }
+        let page = app.get_json("/v1/events").await;
+        assert_eq!(page["items"].as_array().unwrap().len(), 3);
+        let cursor = page["next_cursor"].as_str().unwrap().to_owned();
+        let old = match backend {
+            Backend::Postgres => {
+                "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days'"
+            }
+            Backend::Sqlite => {
+                "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', \
+                 created_at = '2000-01-01T00:00:00.000000Z'"
+            }
+        };
+        app.sql(old).await;
+        let report = holdfast::janitor::run_once(&app.store).await.unwrap();
+        assert_eq!(report.purged_events, 3, "{backend:?}");
+        assert_eq!(app.count("SELECT count(*) FROM events").await, 0);
+        // New events after the purge.
+        app.create_asset("FP-new").await;
+        app.hold("FP-new", "b", 300).await;
+        let resumed = app.get_json(&format!("/v1/events?after={cursor}")).await;
+        let types: Vec<&str> = resumed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["asset_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["FP-new"], "{backend:?}: {resumed}");
+        assert_ne!(resumed["next_cursor"].as_str().unwrap(), cursor);
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivered_events_past_retention_are_purged() {

@@ -1,0 +1,195 @@
+//! A 503 says what is known: `write_outcome` is NOT_APPLIED when nothing can
+//! have been written, UNKNOWN only when a COMMIT may have been sent; and a
+//! retry with the same Idempotency-Key then answers the truth.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::helpers::{new_key, Backend, TestApp};
+use crate::proxy::{Mode, Proxy};
+
+async fn unavailable(response: reqwest::Response) -> Value {
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error_code"], "SERVICE_UNAVAILABLE", "{body}");
+    body
+}
+
+async fn held(app: &TestApp, asset: &str) -> String {
+    app.create_asset(asset).await;
+    app.hold(asset, "b", 300).await["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// PostgreSQL cut off: no connection, nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_connection_is_not_applied() {
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let port = proxy.port;
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
+        c.database_url = c
+            .database_url
+            .replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"));
+        c.db_acquire_timeout_ms = 500;
+        c.db_timeout_ms = 1000;
+    })
+    .await
+    else {
+        return;
+    };
+    let id = held(&app, "WO-1").await;
+    for mode in [Mode::Cut, Mode::Stall] {
+        proxy.set(mode);
+        let key = new_key();
+        let body = unavailable(app.commit(&id, &key, "pay-cut").await).await;
+        assert_eq!(body["write_outcome"], "NOT_APPLIED", "{mode:?}: {body}");
+        assert!(body["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was changed"));
+        proxy.set(Mode::Pass);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The hold is as it was: the retry sells it.
+    let mut sold = None;
+    for _ in 0..30 {
+        let response = app.commit(&id, &new_key(), "pay-cut").await;
+        if response.status() == 200 {
+            sold = Some(response.json::<Value>().await.unwrap());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sold.expect("sold once the database is back")["status"],
+        "COMMITTED"
+    );
+}
+
+/// A statement stuck behind another transaction's lock is cancelled by the
+/// lock timeout and rolled back: not applied, on both backends, for a write
+/// in a transaction (commit) and for a single-statement write (hold).
+async fn a_statement_stuck_behind_a_lock_is_not_applied(backend: Backend) {
+    let Some(app) = TestApp::try_spawn_with(backend, |c| {
+        c.db_lock_timeout_ms = 300;
+        c.db_timeout_ms = 2000;
+    })
+    .await
+    else {
+        return;
+    };
+    let id = held(&app, "WO-L1").await;
+    app.create_asset("WO-L2").await;
+    let lock = match backend {
+        Backend::Postgres => {
+            "BEGIN; SELECT 1 FROM assets WHERE id IN ('WO-L1', 'WO-L2') FOR UPDATE"
+        }
+        Backend::Sqlite => "BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = 'WO-L1'",
+    };
+    let blocker = app.hold_lock_open(lock).await;
+    let commit_key = new_key();
+    let body = unavailable(app.commit(&id, &commit_key, "pay-lock").await).await;
+    assert_eq!(body["write_outcome"], "NOT_APPLIED", "{body}");
+    let hold_key = new_key();
+    let hold = json!({"buyer_id": "b2"});
+    let path = "/v1/assets/WO-L2/reservations";
+    let body = unavailable(app.post(path, Some(&hold_key), &hold).await).await;
+    assert_eq!(body["write_outcome"], "NOT_APPLIED", "{body}");
+    blocker.release().await;
+    // The same keys now run for the first time: no stored answer existed.
+    let commit = app.commit(&id, &commit_key, "pay-lock").await;
+    assert_eq!(commit.status(), 200);
+    assert!(commit.headers().get("idempotent-replayed").is_none());
+    let hold = app.post(path, Some(&hold_key), &hold).await;
+    assert_eq!(hold.status(), 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_stuck_behind_a_lock_is_not_applied_on_both_backends() {
+    a_statement_stuck_behind_a_lock_is_not_applied(Backend::Postgres).await;
+    a_statement_stuck_behind_a_lock_is_not_applied(Backend::Sqlite).await;
+}
+
+/// A COMMIT that waits past the request's time (as with a synchronous
+/// standby gone): the change may commit, so the answer says UNKNOWN; once it
+/// committed, the retry with the same key returns the stored answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_waits_is_unknown_and_the_retry_answers_the_truth() {
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
+        c.db_timeout_ms = 700;
+    })
+    .await
+    else {
+        return;
+    };
+    let id = held(&app, "WO-C1").await;
+    // Every stored answer makes its COMMIT wait 1.5 s: a deferred trigger
+    // runs at COMMIT time, as a synchronous standby's wait does.
+    app.sql(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON idempotency_keys \
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .await;
+    let key = new_key();
+    let body = unavailable(app.commit(&id, &key, "pay-slow").await).await;
+    assert_eq!(body["write_outcome"], "UNKNOWN", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("same Idempotency-Key"),
+        "{body}"
+    );
+    app.sql("DROP TRIGGER slow_commit ON idempotency_keys")
+        .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let retry = app.commit(&id, &key, "pay-slow").await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let sold: Value = retry.json().await.unwrap();
+    assert_eq!(sold["status"], "COMMITTED");
+}
+
+/// SQLite's write runs on a blocking thread that outlives the request's
+/// time: past the deadline it must roll back, not commit behind a 503 that
+/// said nothing was written. The writer is held by another process longer
+/// than the request may wait; when it frees up, the abandoned write finds
+/// its gate closed and commits nothing, so the retry runs for the first time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_checks_the_deadline_before_committing() {
+    let Some(app) = TestApp::try_spawn_with(Backend::Sqlite, |c| {
+        c.db_lock_timeout_ms = 5000;
+        c.db_timeout_ms = 400;
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("WO-S1").await;
+    let blocker = app
+        .hold_lock_open("BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = 'WO-S1'")
+        .await;
+    let key = new_key();
+    let hold = json!({"buyer_id": "b"});
+    let path = "/v1/assets/WO-S1/reservations";
+    let body = unavailable(app.post(path, Some(&key), &hold).await).await;
+    assert_eq!(body["write_outcome"], "NOT_APPLIED", "{body}");
+    // The write goes on waiting for the lock; free it, and give the
+    // abandoned write time to run to its end.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    blocker.release().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM reservations").await,
+        0,
+        "the abandoned write rolled back"
+    );
+    let retry = app.post(path, Some(&key), &hold).await;
+    assert_eq!(retry.status(), 201, "runs for the first time");
+}
