@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 
 use crate::domain::HoldBounds;
 use crate::keys::KeyRing;
-use crate::store::StoreSettings;
+use crate::store::{DatabaseUrl, SqliteSynchronous, StoreSettings};
 
 /// Every setting of the service. Each flag has a `HOLDFAST_*` variable.
 #[derive(Debug, Clone, Args)]
@@ -307,25 +307,6 @@ impl std::str::FromStr for Secret {
     }
 }
 
-/// How SQLite syncs its commits to disk (`PRAGMA synchronous`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SqliteSynchronous {
-    /// Every commit is on disk before it is answered.
-    Full,
-    /// Commits are on disk at the next checkpoint; a power cut may lose the
-    /// last ones (a crash of the process alone loses nothing).
-    Normal,
-}
-
-impl SqliteSynchronous {
-    pub fn as_pragma(self) -> &'static str {
-        match self {
-            SqliteSynchronous::Full => "FULL",
-            SqliteSynchronous::Normal => "NORMAL",
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -347,7 +328,6 @@ fn invalid(setting: &'static str, problem: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Where the data lives, parsed from `HOLDFAST_DATABASE_URL`.
 /// What a commit after its hold lapsed does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LateCommit {
@@ -355,12 +335,6 @@ pub enum LateCommit {
     Refund,
     /// Sell the asset when nobody held or bought it since; else refund.
     AcceptIfFree,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DatabaseUrl {
-    Postgres(String),
-    Sqlite(PathBuf),
 }
 
 impl Config {
@@ -529,23 +503,7 @@ impl Config {
     }
 
     pub fn database(&self) -> Result<DatabaseUrl, ConfigError> {
-        let url = self.database_url.trim();
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(DatabaseUrl::Postgres(url.to_owned()));
-        }
-        if let Some(path) = url.strip_prefix("sqlite://") {
-            if path.is_empty() {
-                return Err(invalid(
-                    "HOLDFAST_DATABASE_URL",
-                    "sqlite:// needs a file path, e.g. sqlite://holdfast.db",
-                ));
-            }
-            return Ok(DatabaseUrl::Sqlite(PathBuf::from(path)));
-        }
-        Err(invalid(
-            "HOLDFAST_DATABASE_URL",
-            format!("{url:?} is neither sqlite://PATH nor postgres://…"),
-        ))
+        DatabaseUrl::parse(&self.database_url).map_err(|e| invalid("HOLDFAST_DATABASE_URL", e))
     }
 
     /// The configured API keys (from the variable and the file together).
@@ -618,6 +576,14 @@ impl Config {
     pub fn janitor_interval(&self) -> Option<Duration> {
         (self.janitor_interval_seconds > 0)
             .then(|| Duration::from_secs(self.janitor_interval_seconds))
+    }
+
+    /// Opens the configured database (not yet migrated).
+    pub async fn open_store(&self) -> crate::store::StoreResult<crate::store::Store> {
+        let url = self
+            .database()
+            .map_err(|e| crate::store::StoreError::Config(e.to_string()))?;
+        crate::store::Store::open(&url, &self.store_settings()).await
     }
 
     pub fn store_settings(&self) -> StoreSettings {

@@ -65,7 +65,7 @@ impl Application {
         }
         // The recorder first: connections take their metric handles when opened.
         crate::telemetry::metrics();
-        let store = Store::open(&config).await?;
+        let store = config.open_store().await?;
         if migrate {
             store.migrate().await?;
         }

@@ -128,7 +128,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Restore { path } => {
-            let holdfast::config::DatabaseUrl::Sqlite(target) =
+            let holdfast::store::DatabaseUrl::Sqlite(target) =
                 config.database().map_err(|e| e.to_string())?
             else {
                 return Err("restore puts back a backup of the embedded SQLite database; for \
@@ -247,5 +247,5 @@ async fn run(cli: Cli) -> Result<(), String> {
 
 async fn open(config: &Config) -> Result<Store, String> {
     config.validate().map_err(|e| e.to_string())?;
-    Store::open(config).await.map_err(|e| e.to_string())
+    config.open_store().await.map_err(|e| e.to_string())
 }

@@ -218,6 +218,32 @@ pub struct Reservation {
 }
 
 impl Reservation {
+    /// A new hold of `asset` for `buyer`, made by client `owner` at `now`.
+    pub fn held(
+        id: String,
+        asset: &super::AssetId,
+        buyer: &super::BuyerId,
+        owner: &str,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Self {
+        Self {
+            reservation_id: id,
+            asset_id: asset.to_string(),
+            buyer_id: buyer.to_string(),
+            status: ReservationStatus::Held,
+            expires_at,
+            created_at: now,
+            committed_at: None,
+            released_at: None,
+            payment_reference: None,
+            voided_at: None,
+            refunds: Vec::new(),
+            owner: owner.to_owned(),
+            payment_scope: None,
+        }
+    }
+
     /// Applies the expiry rule to a stored row read at `now`.
     pub fn effective(mut self, now: Timestamp) -> Self {
         if self.status == ReservationStatus::Held && self.expires_at <= now {

@@ -1,24 +1,28 @@
-//! The use cases, written once above the backends: read a consistent
-//! snapshot, decide by the domain rules, then make the one conditional write.
-//! A write that finds the state moved (lost race, key taken concurrently)
-//! reads again and decides again, so every answer reflects committed state.
+//! The use cases, every decision written once above the backends: read a
+//! consistent snapshot, decide by the domain rules, then hand the backend one
+//! conditional [`Change`] together with what to write once it landed (the
+//! answer, the events, the stored answer: [`Written`]), which the backend
+//! writes in the same transaction. A change that finds the state moved (a
+//! lost race, a key or a payment taken concurrently) reads again and decides
+//! again, so every answer reflects committed state.
 
 use std::future::Future;
 
 use chrono::Duration;
 
 use super::error::is_unique_violation;
-use super::rows::PaymentRow;
+use super::rows::{NewEvent, PaymentRow};
 use super::{
     CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, ExtendOutcome,
-    ExtendRequest, HoldOutcome, HoldRequest, Idempotency, ReleaseOutcome, ReleaseRequest,
-    StoreError, StoreResult, StoredAnswer, SweepReport, VoidOutcome, VoidRequest,
+    ExtendRequest, HoldOutcome, HoldRequest, Idempotency, ReinstateOutcome, ReleaseOutcome,
+    ReleaseRequest, StoreError, StoreResult, StoredAnswer, SweepReport, VoidOutcome, VoidRequest,
+    WithdrawOutcome,
 };
 use crate::domain::{
-    commit_decision, extension_allowed, hold_decision, release_decision, AssetId, CommitDecision,
-    EventId, HoldDecision, HoldTarget, Payment, PaymentFate, PaymentOutcome, PaymentReference,
-    Refund, RefundId, RefundReason, RefundStatus, ReleaseDecision, Reservation, ReservationId,
-    ReservationStatus, Timestamp,
+    commit_decision, extension_allowed, hold_decision, release_decision, withdraw_decision, Asset,
+    AssetId, AssetStatus, CommitDecision, EventId, EventType, HoldDecision, HoldTarget, Payment,
+    PaymentFate, PaymentOutcome, PaymentReference, Refund, RefundId, RefundReason, RefundStatus,
+    ReleaseDecision, Reservation, ReservationId, ReservationStatus, Timestamp, WithdrawDecision,
 };
 use crate::reply::{self, Reply};
 
@@ -62,7 +66,124 @@ pub(crate) enum Claim {
     LimitReached,
 }
 
-/// The primitives each backend provides; every write is one transaction.
+/// One conditional write: it lands whole, or finds the state moved and
+/// changes nothing.
+#[derive(Debug, Clone)]
+pub(crate) enum Change {
+    /// Sell the asset to a hold still live at the write's own clock; the
+    /// payment's fate is recorded with it.
+    Commit {
+        reservation: Reservation,
+        scope: String,
+        reference: String,
+    },
+    /// End a hold still live at the write's own clock.
+    Release { reservation: Reservation },
+    /// Move a live hold's expiry to `hold_seconds` from the write's clock,
+    /// within `max_total_seconds` of its creation.
+    Extend {
+        reservation: Reservation,
+        hold_seconds: i64,
+        max_total_seconds: i64,
+    },
+    /// COMMITTED becomes VOIDED and the asset AVAILABLE; `refund` gives the
+    /// payment back.
+    Void {
+        reservation: Reservation,
+        refund: Option<Refund>,
+    },
+    /// Sell the asset to a lapsed hold when nobody held or bought it since.
+    CommitLate {
+        reservation: Reservation,
+        scope: String,
+        reference: String,
+    },
+    /// Record `refund` as its payment's fate (a lapsed hold nobody swept yet
+    /// is expired first).
+    Refund {
+        reservation: Reservation,
+        refund: Refund,
+    },
+    /// A REQUESTED refund becomes COMPLETED.
+    CompleteRefund { refund: Refund },
+    /// Take an asset off sale, if it still is at `version`: first expiring
+    /// its lapsed hold or releasing its live one, as the snapshot showed.
+    Withdraw {
+        asset_id: String,
+        version: i64,
+        expire: Option<String>,
+        release: Option<String>,
+    },
+    /// Put a WITHDRAWN asset back on sale.
+    Reinstate { asset_id: String },
+}
+
+impl Change {
+    /// The asset whose events the change numbers.
+    pub(crate) fn asset_id(&self) -> &str {
+        match self {
+            Change::Commit { reservation, .. }
+            | Change::Release { reservation }
+            | Change::Extend { reservation, .. }
+            | Change::Void { reservation, .. }
+            | Change::CommitLate { reservation, .. }
+            | Change::Refund { reservation, .. } => &reservation.asset_id,
+            Change::CompleteRefund { refund } => &refund.asset_id,
+            Change::Withdraw { asset_id, .. } | Change::Reinstate { asset_id } => asset_id,
+        }
+    }
+}
+
+/// What a change wrote, for its answer and events.
+#[derive(Debug, Default)]
+pub(crate) struct Changed {
+    /// The write's own clock.
+    pub now: Option<Timestamp>,
+    /// The reservation as changed (with its refunds where the change made one).
+    pub reservation: Option<Reservation>,
+    /// A reservation ended on the way (a withdrawal's expired or released hold).
+    pub ended: Option<Reservation>,
+    pub asset: Option<Asset>,
+    pub refund: Option<Refund>,
+    /// The event number the change took with it, if any.
+    pub sequence: Option<i64>,
+}
+
+impl Changed {
+    pub(crate) fn at(&self) -> StoreResult<Timestamp> {
+        self.now
+            .ok_or_else(|| StoreError::Corrupt("a change without its clock".into()))
+    }
+
+    fn reservation(&self) -> StoreResult<&Reservation> {
+        self.reservation
+            .as_ref()
+            .ok_or_else(|| StoreError::Corrupt("a change lost its reservation".into()))
+    }
+
+    fn asset(&self) -> StoreResult<&Asset> {
+        self.asset
+            .as_ref()
+            .ok_or_else(|| StoreError::Corrupt("a change lost its asset".into()))
+    }
+}
+
+/// What goes with a change, in its transaction: its events in order (the
+/// backend numbers them), and the answer to store under the request's key.
+#[derive(Debug)]
+pub(crate) struct Written<T> {
+    pub value: T,
+    pub events: Vec<NewEvent>,
+    /// The reply to store, and the reservation it is about.
+    pub answer: Option<(Reply, String)>,
+}
+
+/// Builds what goes with a change from what it wrote; pure, so that a
+/// backend may run it inside its transaction on any thread.
+pub(crate) type Assemble<T> = Box<dyn FnOnce(&Changed) -> StoreResult<Written<T>> + Send>;
+
+/// The primitives each backend provides: reads from one snapshot, and writes
+/// each in one transaction.
 pub(crate) trait Backend {
     fn hold_snapshot(
         &self,
@@ -88,13 +209,18 @@ pub(crate) trait Backend {
         payment: Option<PaymentKey<'_>>,
     ) -> impl Future<Output = StoreResult<Snapshot<Reservation>>> + Send;
 
-    /// The database clock and the fates of `reference`: in `scope` (and the
-    /// scope `''` of sales recorded before scopes), or in every scope.
-    fn payment_fates(
+    /// The refund and the answer stored under the request's key.
+    fn refund_snapshot(
         &self,
-        scope: Option<&str>,
-        reference: &str,
-    ) -> impl Future<Output = StoreResult<(Timestamp, Vec<PaymentRow>)>> + Send;
+        id: &RefundId,
+        idempotency: &Idempotency,
+    ) -> impl Future<Output = StoreResult<Snapshot<Refund>>> + Send;
+
+    /// The stored asset (status as stored, not yet effective) and the clock.
+    fn asset_snapshot(
+        &self,
+        id: &AssetId,
+    ) -> impl Future<Output = StoreResult<Snapshot<Asset>>> + Send;
 
     /// The reservation with its refunds, by effective status at `now`.
     fn load_reservation(
@@ -103,43 +229,24 @@ pub(crate) trait Backend {
         now: Timestamp,
     ) -> impl Future<Output = StoreResult<Option<Reservation>>> + Send;
 
-    /// Sells the asset to a hold still live at the write's own clock, and
-    /// records that `payment` bought it. `None` when it was no longer live;
-    /// a unique violation when the payment got a fate meanwhile.
-    fn commit(
+    /// The database clock and the fates of `reference`.
+    fn payment_fates(
         &self,
-        reservation: &Reservation,
-        payment: PaymentKey<'_>,
-        idempotency: &Idempotency,
-    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
+        scope: Option<&str>,
+        reference: &str,
+    ) -> impl Future<Output = StoreResult<(Timestamp, Vec<PaymentRow>)>> + Send;
 
-    /// Records the refund of `payment` as its fate (expiring a lapsed hold
-    /// first); a unique violation when the payment got a fate meanwhile.
-    fn refund(
+    /// Makes `change` and, in the same transaction, writes what `assemble`
+    /// builds from it: its events (numbered from the one the change took,
+    /// then the asset's next), and the answer under `idempotency`. `None`
+    /// when the change found the state moved and wrote nothing; a unique
+    /// violation when a key or a payment was taken concurrently.
+    fn transition<T: Send + 'static>(
         &self,
-        reservation: &Reservation,
-        payment: PaymentKey<'_>,
-        reason: RefundReason,
-        idempotency: &Idempotency,
-        now: Timestamp,
-    ) -> impl Future<Output = StoreResult<Reply>> + Send;
-
-    /// The refund and the answer stored under the request's key.
-    fn refund_snapshot(
-        &self,
-        id: &RefundId,
-        idempotency: &Idempotency,
-    ) -> impl Future<Output = StoreResult<Snapshot<Refund>>> + Send;
-
-    /// Marks a REQUESTED refund COMPLETED. `None` when it no longer was REQUESTED.
-    fn complete_refund(
-        &self,
-        refund: &Refund,
-        idempotency: &Idempotency,
-    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
-
-    /// Deletes up to `limit` delivered events past retention; how many.
-    fn purge_events_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
+        change: Change,
+        idempotency: Option<&Idempotency>,
+        assemble: Assemble<T>,
+    ) -> impl Future<Output = StoreResult<Option<T>>> + Send;
 
     /// Expires up to `limit` lapsed holds in one transaction; how many.
     fn expire_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
@@ -147,59 +254,56 @@ pub(crate) trait Backend {
     /// Deletes up to `limit` stored answers past retention; how many.
     fn purge_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 
-    /// Moves a live hold's expiry to `hold_seconds` from the write's own
-    /// clock, within `max_total_seconds` of its creation. `None` when it was
-    /// no longer live, or the cap was passed.
-    fn extend(
-        &self,
-        reservation: &Reservation,
-        hold_seconds: i64,
-        max_total_seconds: i64,
-        idempotency: &Idempotency,
-    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
-
-    /// Undoes a sale: COMMITTED becomes VOIDED, the asset AVAILABLE, and
-    /// with `refund` the payment is given back (part of its one fate). `None`
-    /// when it was no longer the asset's sale. `actor` is named in the events.
-    fn void(
-        &self,
-        reservation: &Reservation,
-        refund: bool,
-        actor: &str,
-        idempotency: &Idempotency,
-    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
-
-    /// Sells the asset to a lapsed hold when nobody held or bought it since:
-    /// one conditional update, and `payment` recorded as its buyer. `None`
-    /// otherwise; a unique violation when the payment got a fate meanwhile.
-    fn commit_late(
-        &self,
-        reservation: &Reservation,
-        payment: PaymentKey<'_>,
-        idempotency: &Idempotency,
-    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
-
-    /// Ends a hold still live at the write's own clock. `None` when it was
-    /// no longer live.
-    fn release(
-        &self,
-        reservation: &Reservation,
-        idempotency: &Idempotency,
-    ) -> impl Future<Output = StoreResult<Option<Reply>>> + Send;
+    /// Deletes up to `limit` delivered events past retention; how many.
+    fn purge_events_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 }
 
 fn replay_or_reused(stored: StoredAnswer, idempotency: &Idempotency) -> Result<Reply, ()> {
     stored.replay_for(&idempotency.fingerprint).ok_or(())
 }
 
-/// What a conditional write found: its answer, or `None` when the state moved
+/// What a conditional write found: its answer, `None` when the state moved
 /// under it (the row changed, or a concurrent duplicate took the key), so
 /// that the caller reads again.
-fn moved_on_conflict(written: StoreResult<Option<Reply>>) -> StoreResult<Option<Reply>> {
+fn moved_on_conflict<T>(written: StoreResult<Option<T>>) -> StoreResult<Option<T>> {
     match written {
         Err(e) if is_unique_violation(&e) => Ok(None),
         other => other,
     }
+}
+
+/// An event about `reservation`, with data as the API shows it.
+fn about(
+    reservation: &Reservation,
+    event_type: EventType,
+    data: String,
+    now: Timestamp,
+) -> NewEvent {
+    NewEvent::new(&reservation.asset_id, event_type, data, now).about(&reservation.reservation_id)
+}
+
+/// The events of holds a sweep or a write expired: one each, its data the
+/// reservation as it became.
+pub(crate) fn expired_event(reservation: &Reservation, sequence: i64, now: Timestamp) -> NewEvent {
+    let data = serde_json::to_string(reservation).unwrap_or_default();
+    let mut event = about(reservation, EventType::ReservationExpired, data, now);
+    event.sequence = sequence;
+    event
+}
+
+/// The change answered with the reservation as changed, one event of
+/// `event_type` carrying that answer, and the answer stored.
+fn answered_with(event_type: EventType) -> Assemble<Reply> {
+    Box::new(move |changed: &Changed| {
+        let reservation = changed.reservation()?;
+        let reply = reply::reservation_ok(reservation);
+        let event = about(reservation, event_type, reply.body.clone(), changed.at()?);
+        Ok(Written {
+            events: vec![event],
+            answer: Some((reply.clone(), reservation.reservation_id.clone())),
+            value: reply,
+        })
+    })
 }
 
 /// A reservation's snapshot before any decision.
@@ -214,20 +318,6 @@ enum Found {
 }
 
 async fn find_reservation<B: Backend>(
-    backend: &B,
-    id: &ReservationId,
-    idempotency: &Idempotency,
-    visible_to: Option<&String>,
-) -> StoreResult<Found> {
-    Ok(
-        find_paid_reservation(backend, id, idempotency, visible_to, None)
-            .await?
-            .0,
-    )
-}
-
-/// [`find_reservation`], and the fate of the payment a commit carries.
-async fn find_paid_reservation<B: Backend>(
     backend: &B,
     id: &ReservationId,
     idempotency: &Idempotency,
@@ -248,6 +338,18 @@ async fn find_paid_reservation<B: Backend>(
         None => Found::Missing,
     };
     Ok((found, snap.fate))
+}
+
+/// The outcome of a keyed request that found its answer or nothing.
+macro_rules! found_or_return {
+    ($found:expr, $outcome:ident) => {
+        match $found {
+            Found::Answered(Ok(reply)) => return Ok($outcome::Replayed(reply)),
+            Found::Answered(Err(())) => return Ok($outcome::KeyReused),
+            Found::Missing => return Ok($outcome::NotFound),
+            Found::Reservation(reservation, now) => (reservation, now),
+        }
+    };
 }
 
 fn contention(context: &'static str) -> StoreError {
@@ -282,21 +384,14 @@ pub(crate) async fn hold<B: Backend>(backend: &B, req: &HoldRequest) -> StoreRes
             HoldDecision::Claim => false,
             HoldDecision::Reclaim => true,
         };
-        let reservation = Reservation {
-            reservation_id: ReservationId::generate().to_string(),
-            asset_id: req.asset_id.to_string(),
-            buyer_id: req.buyer_id.to_string(),
-            status: ReservationStatus::Held,
-            expires_at: snap.now + Duration::seconds(req.hold_seconds),
-            created_at: snap.now,
-            committed_at: None,
-            released_at: None,
-            payment_reference: None,
-            voided_at: None,
-            refunds: Vec::new(),
-            owner: req.owner.clone(),
-            payment_scope: None,
-        };
+        let reservation = Reservation::held(
+            ReservationId::generate().to_string(),
+            &req.asset_id,
+            &req.buyer_id,
+            &req.owner,
+            snap.now,
+            snap.now + Duration::seconds(req.hold_seconds),
+        );
         let draft = HoldDraft {
             request: req,
             reply: reply::hold_created(&reservation),
@@ -329,7 +424,7 @@ pub(crate) async fn commit<B: Backend>(
     };
     let mut late_refused = !req.accept_late;
     for _ in 0..MAX_ATTEMPTS {
-        let (found, fate) = find_paid_reservation(
+        let (found, fate) = find_reservation(
             backend,
             &req.reservation_id,
             &req.idempotency,
@@ -337,27 +432,36 @@ pub(crate) async fn commit<B: Backend>(
             Some(payment),
         )
         .await?;
-        let (reservation, now) = match found {
-            Found::Answered(Ok(reply)) => return Ok(CommitOutcome::Replayed(reply)),
-            Found::Answered(Err(())) => return Ok(CommitOutcome::KeyReused),
-            Found::Missing => return Ok(CommitOutcome::NotFound),
-            Found::Reservation(reservation, now) => (reservation, now),
-        };
+        let (reservation, now) = found_or_return!(found, CommitOutcome);
+        let id = reservation.reservation_id.clone();
         // Every write below either lands, or finds the state moved (a lost
         // race, a key or a payment taken by a concurrent request) and reads
         // again: the payments table's key decides, not this read.
-        let written = match commit_decision(
-            &reservation.reservation_id,
-            reservation.status,
-            fate.as_ref(),
-        ) {
+        let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
+        let written = match commit_decision(&id, reservation.status, fate.as_ref()) {
             CommitDecision::Commit => backend
-                .commit(&reservation, payment, &req.idempotency)
+                .transition(
+                    Change::Commit {
+                        reservation,
+                        scope,
+                        reference,
+                    },
+                    Some(&req.idempotency),
+                    answered_with(EventType::ReservationCommitted),
+                )
                 .await
                 .map(|reply| reply.map(CommitOutcome::Committed)),
             CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
                 let written = backend
-                    .commit_late(&reservation, payment, &req.idempotency)
+                    .transition(
+                        Change::CommitLate {
+                            reservation,
+                            scope,
+                            reference,
+                        },
+                        Some(&req.idempotency),
+                        answered_with(EventType::ReservationCommitted),
+                    )
                     .await;
                 if let Ok(None) = written {
                     // Taken meanwhile: the payment is refunded instead.
@@ -365,10 +469,37 @@ pub(crate) async fn commit<B: Backend>(
                 }
                 written.map(|reply| reply.map(CommitOutcome::CommittedLate))
             }
-            CommitDecision::Refuse(reason) => backend
-                .refund(&reservation, payment, reason, &req.idempotency, now)
-                .await
-                .map(|reply| Some(CommitOutcome::Refunded { reply, reason })),
+            CommitDecision::Refuse(reason) => {
+                let refund = Refund::requested(&reservation, &scope, &reference, reason, now);
+                backend
+                    .transition(
+                        Change::Refund {
+                            reservation,
+                            refund,
+                        },
+                        Some(&req.idempotency),
+                        Box::new(move |changed: &Changed| {
+                            let current = changed.reservation()?;
+                            let refund = changed.refund.as_ref().ok_or_else(|| {
+                                StoreError::Corrupt("a refund went missing".into())
+                            })?;
+                            let reply = reply::commit_refused(reason, current, refund).into_reply();
+                            let data = serde_json::to_string(refund).unwrap_or_default();
+                            Ok(Written {
+                                events: vec![about(
+                                    current,
+                                    EventType::RefundRequested,
+                                    data,
+                                    changed.at()?,
+                                )],
+                                answer: Some((reply.clone(), current.reservation_id.clone())),
+                                value: reply,
+                            })
+                        }),
+                    )
+                    .await
+                    .map(|reply| reply.map(|reply| CommitOutcome::Refunded { reply, reason }))
+            }
             CommitDecision::AlreadyCommittedWithThisPayment => {
                 let current = reload(backend, &req.reservation_id, now).await?;
                 return Ok(CommitOutcome::AlreadyCommitted(current));
@@ -383,8 +514,7 @@ pub(crate) async fn commit<B: Backend>(
                     .cloned()
                     .ok_or_else(|| {
                         StoreError::Corrupt(format!(
-                            "the refund of reservation {} for this payment vanished",
-                            current.reservation_id
+                            "the refund of reservation {id} for this payment vanished"
                         ))
                     })?;
                 let reason = refund.reason;
@@ -412,11 +542,8 @@ pub(crate) async fn commit<B: Backend>(
                 });
             }
         };
-        match written {
-            Ok(Some(outcome)) => return Ok(outcome),
-            Ok(None) => continue,
-            Err(e) if is_unique_violation(&e) => continue,
-            Err(e) => return Err(e),
+        if let Some(outcome) = moved_on_conflict(written)? {
+            return Ok(outcome);
         }
     }
     Err(contention("commit the reservation"))
@@ -475,22 +602,24 @@ pub(crate) async fn release<B: Backend>(
     req: &ReleaseRequest,
 ) -> StoreResult<ReleaseOutcome> {
     for _ in 0..MAX_ATTEMPTS {
-        let (reservation, now) = match find_reservation(
+        let (found, _) = find_reservation(
             backend,
             &req.reservation_id,
             &req.idempotency,
             req.visible_to.as_ref(),
+            None,
         )
-        .await?
-        {
-            Found::Answered(Ok(reply)) => return Ok(ReleaseOutcome::Replayed(reply)),
-            Found::Answered(Err(())) => return Ok(ReleaseOutcome::KeyReused),
-            Found::Missing => return Ok(ReleaseOutcome::NotFound),
-            Found::Reservation(reservation, now) => (reservation, now),
-        };
+        .await?;
+        let (reservation, now) = found_or_return!(found, ReleaseOutcome);
         match release_decision(reservation.status) {
             ReleaseDecision::Release => {
-                let written = backend.release(&reservation, &req.idempotency).await;
+                let written = backend
+                    .transition(
+                        Change::Release { reservation },
+                        Some(&req.idempotency),
+                        answered_with(EventType::ReservationReleased),
+                    )
+                    .await;
                 if let Some(reply) = moved_on_conflict(written)? {
                     return Ok(ReleaseOutcome::Released(reply));
                 }
@@ -513,19 +642,15 @@ pub(crate) async fn extend<B: Backend>(
     req: &ExtendRequest,
 ) -> StoreResult<ExtendOutcome> {
     for _ in 0..MAX_ATTEMPTS {
-        let (reservation, now) = match find_reservation(
+        let (found, _) = find_reservation(
             backend,
             &req.reservation_id,
             &req.idempotency,
             req.visible_to.as_ref(),
+            None,
         )
-        .await?
-        {
-            Found::Answered(Ok(reply)) => return Ok(ExtendOutcome::Replayed(reply)),
-            Found::Answered(Err(())) => return Ok(ExtendOutcome::KeyReused),
-            Found::Missing => return Ok(ExtendOutcome::NotFound),
-            Found::Reservation(reservation, now) => (reservation, now),
-        };
+        .await?;
+        let (reservation, now) = found_or_return!(found, ExtendOutcome);
         if reservation.status != ReservationStatus::Held {
             let current = reload(backend, &req.reservation_id, now).await?;
             return Ok(ExtendOutcome::NotActive(current));
@@ -535,12 +660,16 @@ pub(crate) async fn extend<B: Backend>(
             let current = reload(backend, &req.reservation_id, now).await?;
             return Ok(ExtendOutcome::LimitReached(current));
         }
+        let change = Change::Extend {
+            reservation,
+            hold_seconds: req.hold_seconds,
+            max_total_seconds: req.max_total_seconds,
+        };
         let written = backend
-            .extend(
-                &reservation,
-                req.hold_seconds,
-                req.max_total_seconds,
-                &req.idempotency,
+            .transition(
+                change,
+                Some(&req.idempotency),
+                answered_with(EventType::ReservationExtended),
             )
             .await;
         if let Some(reply) = moved_on_conflict(written)? {
@@ -552,17 +681,58 @@ pub(crate) async fn extend<B: Backend>(
 
 pub(crate) async fn void<B: Backend>(backend: &B, req: &VoidRequest) -> StoreResult<VoidOutcome> {
     for _ in 0..MAX_ATTEMPTS {
-        let (reservation, now) =
-            match find_reservation(backend, &req.reservation_id, &req.idempotency, None).await? {
-                Found::Answered(Ok(reply)) => return Ok(VoidOutcome::Replayed(reply)),
-                Found::Answered(Err(())) => return Ok(VoidOutcome::KeyReused),
-                Found::Missing => return Ok(VoidOutcome::NotFound),
-                Found::Reservation(reservation, now) => (reservation, now),
-            };
+        let (found, _) =
+            find_reservation(backend, &req.reservation_id, &req.idempotency, None, None).await?;
+        let (reservation, now) = found_or_return!(found, VoidOutcome);
         match reservation.status {
             ReservationStatus::Committed => {
+                // Part of the payment's one fate: it bought this sale.
+                let refund = match (
+                    req.refund,
+                    &reservation.payment_scope,
+                    &reservation.payment_reference,
+                ) {
+                    (true, Some(scope), Some(payment)) => Some(Refund::requested(
+                        &reservation,
+                        scope,
+                        payment,
+                        RefundReason::SaleVoided,
+                        now,
+                    )),
+                    _ => None,
+                };
+                let actor = req.actor.clone();
                 let written = backend
-                    .void(&reservation, req.refund, &req.actor, &req.idempotency)
+                    .transition(
+                        Change::Void {
+                            reservation,
+                            refund,
+                        },
+                        Some(&req.idempotency),
+                        Box::new(move |changed: &Changed| {
+                            let current = changed.reservation()?;
+                            let at = changed.at()?;
+                            let reply = reply::reservation_ok(current);
+                            let mut events = vec![about(
+                                current,
+                                EventType::ReservationVoided,
+                                reply.body.clone(),
+                                at,
+                            )
+                            .by(&actor)];
+                            if let Some(refund) = &changed.refund {
+                                let data = serde_json::to_string(refund).unwrap_or_default();
+                                events.push(
+                                    about(current, EventType::RefundRequested, data, at).by(&actor),
+                                );
+                            }
+                            Ok(Written {
+                                events,
+                                answer: Some((reply.clone(), current.reservation_id.clone())),
+                                value: reply,
+                            })
+                        }),
+                    )
                     .await;
                 if let Some(reply) = moved_on_conflict(written)? {
                     return Ok(VoidOutcome::Voided(reply));
@@ -581,6 +751,110 @@ pub(crate) async fn void<B: Backend>(backend: &B, req: &VoidRequest) -> StoreRes
     Err(contention("void the sale"))
 }
 
+/// Takes an asset off sale; with `force`, a live hold is released first.
+/// One conditional write guarded by the version the decision was made on.
+pub(crate) async fn withdraw<B: Backend>(
+    backend: &B,
+    id: &AssetId,
+    force: bool,
+    actor: &str,
+) -> StoreResult<WithdrawOutcome> {
+    for _ in 0..MAX_ATTEMPTS {
+        let snap = backend.asset_snapshot(id).await?;
+        let Some(stored) = snap.row else {
+            return Ok(WithdrawOutcome::NotFound);
+        };
+        let (version, held_by) = (stored.version, stored.current_reservation_id.clone());
+        let lapsed = stored.status == AssetStatus::Held;
+        let asset = stored.effective(snap.now);
+        let lapsed = lapsed && asset.status == AssetStatus::Available;
+        let release = match withdraw_decision(asset.status, force) {
+            WithdrawDecision::AlreadyWithdrawn => return Ok(WithdrawOutcome::Unchanged(asset)),
+            WithdrawDecision::Held => return Ok(WithdrawOutcome::Held(asset)),
+            WithdrawDecision::Sold => return Ok(WithdrawOutcome::Sold(asset)),
+            WithdrawDecision::ReleaseAndWithdraw => held_by.clone(),
+            WithdrawDecision::Withdraw => None,
+        };
+        let change = Change::Withdraw {
+            asset_id: id.to_string(),
+            version,
+            expire: if lapsed { held_by } else { None },
+            release,
+        };
+        let actor = actor.to_owned();
+        let written = backend
+            .transition(
+                change,
+                None,
+                Box::new(move |changed: &Changed| {
+                    let at = changed.at()?;
+                    let asset = changed.asset()?.clone();
+                    let mut events = Vec::new();
+                    if let Some(ended) = &changed.ended {
+                        let data = reply::reservation_ok(ended).body;
+                        events.push(match ended.status {
+                            ReservationStatus::Expired => {
+                                about(ended, EventType::ReservationExpired, data, at)
+                            }
+                            _ => about(ended, EventType::ReservationReleased, data, at).by(&actor),
+                        });
+                    }
+                    let data = serde_json::to_string(&asset).unwrap_or_default();
+                    events.push(
+                        NewEvent::new(&asset.id, EventType::AssetWithdrawn, data, at).by(&actor),
+                    );
+                    Ok(Written {
+                        value: asset,
+                        events,
+                        answer: None,
+                    })
+                }),
+            )
+            .await?;
+        if let Some(asset) = written {
+            return Ok(WithdrawOutcome::Withdrawn(asset));
+        }
+    }
+    Err(contention("withdraw the asset"))
+}
+
+/// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
+pub(crate) async fn reinstate<B: Backend>(
+    backend: &B,
+    id: &AssetId,
+    actor: &str,
+) -> StoreResult<ReinstateOutcome> {
+    let actor = actor.to_owned();
+    let written = backend
+        .transition(
+            Change::Reinstate {
+                asset_id: id.to_string(),
+            },
+            None,
+            Box::new(move |changed: &Changed| {
+                let asset = changed.asset()?.clone();
+                let data = serde_json::to_string(&asset).unwrap_or_default();
+                let event =
+                    NewEvent::new(&asset.id, EventType::AssetReinstated, data, changed.at()?)
+                        .by(&actor);
+                Ok(Written {
+                    value: asset,
+                    events: vec![event],
+                    answer: None,
+                })
+            }),
+        )
+        .await?;
+    if let Some(asset) = written {
+        return Ok(ReinstateOutcome::Reinstated(asset));
+    }
+    let snap = backend.asset_snapshot(id).await?;
+    Ok(match snap.row {
+        Some(asset) => ReinstateOutcome::Unchanged(asset.effective(snap.now)),
+        None => ReinstateOutcome::NotFound,
+    })
+}
+
 async fn reload<B: Backend>(
     backend: &B,
     id: &ReservationId,
@@ -592,8 +866,8 @@ async fn reload<B: Backend>(
         .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))
 }
 
-/// One janitor pass: lapsed holds batch by batch, then stored answers past
-/// retention, each batch its own short transaction.
+/// One janitor pass: lapsed holds batch by batch, then stored answers and
+/// delivered events past retention, each batch its own short transaction.
 pub(crate) async fn sweep<B: Backend>(backend: &B, batch: i64) -> StoreResult<SweepReport> {
     let batch = batch.max(1);
     let mut report = SweepReport::default();
@@ -642,7 +916,31 @@ pub(crate) async fn complete_refund<B: Backend>(
         if refund.status == RefundStatus::Completed {
             return Ok(CompleteRefundOutcome::AlreadyCompleted(refund));
         }
-        let written = backend.complete_refund(&refund, &req.idempotency).await;
+        let written = backend
+            .transition(
+                Change::CompleteRefund { refund },
+                Some(&req.idempotency),
+                Box::new(|changed: &Changed| {
+                    let completed = changed
+                        .refund
+                        .as_ref()
+                        .ok_or_else(|| StoreError::Corrupt("a refund went missing".into()))?;
+                    let reply = Reply::json(200, completed);
+                    let event = NewEvent::new(
+                        &completed.asset_id,
+                        EventType::RefundCompleted,
+                        reply.body.clone(),
+                        changed.at()?,
+                    )
+                    .about(&completed.reservation_id);
+                    Ok(Written {
+                        events: vec![event],
+                        answer: Some((reply.clone(), completed.reservation_id.clone())),
+                        value: reply,
+                    })
+                }),
+            )
+            .await;
         if let Some(reply) = moved_on_conflict(written)? {
             return Ok(CompleteRefundOutcome::Completed(reply));
         }

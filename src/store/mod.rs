@@ -10,6 +10,7 @@ pub mod postgres;
 mod rows;
 mod schema;
 pub mod sqlite;
+mod statements;
 
 use std::time::Duration;
 
@@ -17,7 +18,6 @@ pub use audit::Finding;
 pub use error::StoreError;
 pub use outcome::WriteOutcome;
 
-use crate::config::{Config, DatabaseUrl};
 use crate::domain::{
     Asset, AssetId, AssetStatus, BuyerId, Event, EventId, IdempotencyKey, Payment,
     PaymentReference, Refund, RefundId, RefundReason, RefundStatus, Reservation, ReservationId,
@@ -338,7 +338,48 @@ pub struct StoreSettings {
     pub event_retention: Option<Duration>,
     pub sweep_batch: i64,
     /// SQLite's `PRAGMA synchronous`.
-    pub sqlite_synchronous: crate::config::SqliteSynchronous,
+    pub sqlite_synchronous: SqliteSynchronous,
+}
+
+/// How SQLite syncs its commits to disk (`PRAGMA synchronous`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SqliteSynchronous {
+    /// Every commit is on disk before it is answered.
+    Full,
+    /// Commits are on disk at the next checkpoint; a power cut may lose the
+    /// last ones (a crash of the process alone loses nothing).
+    Normal,
+}
+
+impl SqliteSynchronous {
+    pub fn as_pragma(self) -> &'static str {
+        match self {
+            SqliteSynchronous::Full => "FULL",
+            SqliteSynchronous::Normal => "NORMAL",
+        }
+    }
+}
+
+/// Where the data lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    Postgres(String),
+    Sqlite(std::path::PathBuf),
+}
+
+impl DatabaseUrl {
+    /// `postgres://…` (or `postgresql://…`), or `sqlite://PATH`.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let url = url.trim();
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(DatabaseUrl::Postgres(url.to_owned()));
+        }
+        match url.strip_prefix("sqlite://") {
+            Some("") => Err("sqlite:// needs a file path, e.g. sqlite://holdfast.db".into()),
+            Some(path) => Ok(DatabaseUrl::Sqlite(path.into())),
+            None => Err(format!("{url:?} is neither sqlite://PATH nor postgres://…")),
+        }
+    }
 }
 
 /// The configured backend.
@@ -360,13 +401,16 @@ macro_rules! dispatch {
 /// Runs a store call within the call timeout, with a gate that tells a
 /// failure that wrote nothing from one whose COMMIT may have been sent.
 macro_rules! bounded {
-    ($self:ident, $context:literal, $store:ident => $call:expr) => {{
+    ($self:ident, $context:literal, $store:ident => $call:expr) => {
+        bounded!($self, $context, pg $store => $call, lite $store => $call)
+    };
+    ($self:ident, $context:literal, pg $pg:ident => $pg_call:expr, lite $lite:ident => $lite_call:expr) => {{
         let timeout = $self.settings().call_timeout;
         let gate = outcome::Gate::new();
         let call = outcome::with_gate(gate.clone(), async {
             match $self {
-                Store::Postgres($store) => $call.await,
-                Store::Sqlite($store) => $call.await,
+                Store::Postgres($pg) => $pg_call.await,
+                Store::Sqlite($lite) => $lite_call.await,
             }
         });
         match tokio::time::timeout(timeout, call).await {
@@ -381,19 +425,41 @@ macro_rules! bounded {
     }};
 }
 
+/// A shared statement (`statements.rs`) run within the call timeout, on a
+/// connection of either backend with its clock: `|now| name(args…)`.
+macro_rules! shared {
+    ($self:ident, $context:literal, read |$now:ident| $name:ident($($arg:expr),* $(,)?)) => {
+        bounded!($self, $context,
+            pg s => s.read(async |c, $now| statements::pg::$name(c, $($arg),*).await),
+            lite s => s.read($context, move |c| {
+                let $now = sqlite::clock();
+                statements::lite::$name(c, $($arg),*)
+            }))
+    };
+    ($self:ident, $context:literal, write |$now:ident| $name:ident($($arg:expr),* $(,)?)) => {
+        bounded!($self, $context,
+            pg s => async {
+                use diesel_async::AsyncConnection;
+                let mut conn = s.conn().await?;
+                conn.transaction(async |c| {
+                    let $now = postgres::db_now(c).await?;
+                    statements::pg::$name(c, $($arg),*).await
+                })
+                .await
+            },
+            lite s => s.write_now($context, move |c, $now| statements::lite::$name(c, $($arg),*)))
+    };
+}
+
 impl Store {
-    /// Opens the configured database (not yet migrated).
-    pub async fn open(config: &Config) -> StoreResult<Self> {
-        let settings = config.store_settings();
-        match config
-            .database()
-            .map_err(|e| StoreError::Config(e.to_string()))?
-        {
+    /// Opens the database at `url` (not yet migrated).
+    pub async fn open(url: &DatabaseUrl, settings: &StoreSettings) -> StoreResult<Self> {
+        match url {
             DatabaseUrl::Postgres(url) => {
-                Ok(Self::Postgres(postgres::PgStore::connect(&url, &settings)?))
+                Ok(Self::Postgres(postgres::PgStore::connect(url, settings)?))
             }
             DatabaseUrl::Sqlite(path) => {
-                Ok(Self::Sqlite(sqlite::SqliteStore::open(&path, &settings)?))
+                Ok(Self::Sqlite(sqlite::SqliteStore::open(path, settings)?))
             }
         }
     }
@@ -422,15 +488,26 @@ impl Store {
         name: &str,
         available_from: Option<Timestamp>,
     ) -> StoreResult<Option<Asset>> {
-        bounded!(self, "create an asset", s => s.create_asset(id, name, available_from))
+        let (id, name) = (id.clone(), name.to_owned());
+        shared!(
+            self,
+            "create an asset",
+            write | now | create_asset(&id, &name, available_from, now)
+        )
     }
 
+    /// `None` when the asset does not exist.
     pub async fn set_available_from(
         &self,
         id: &AssetId,
         available_from: Option<Timestamp>,
     ) -> StoreResult<Option<Asset>> {
-        bounded!(self, "set when the sale opens", s => s.set_available_from(id, available_from))
+        let id = id.clone();
+        shared!(
+            self,
+            "set when the sale opens",
+            write | now | set_available_from(&id, available_from, now)
+        )
     }
 
     /// `actor` (the API key acting) is named in the events.
@@ -440,20 +517,22 @@ impl Store {
         force: bool,
         actor: &str,
     ) -> StoreResult<WithdrawOutcome> {
-        bounded!(self, "withdraw the asset", s => s.withdraw(id, force, actor))
+        bounded!(self, "withdraw the asset", s => flow::withdraw(s, id, force, actor))
     }
 
     pub async fn reinstate(&self, id: &AssetId, actor: &str) -> StoreResult<ReinstateOutcome> {
-        bounded!(self, "reinstate the asset", s => s.reinstate(id, actor))
+        bounded!(self, "reinstate the asset", s => flow::reinstate(s, id, actor))
     }
 
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
-        bounded!(self, "read an asset", s => s.get_asset(id))
+        let id = id.to_string();
+        shared!(self, "read an asset", read | now | asset(&id, now))
     }
 
     /// Up to `page.limit` assets in id order, by effective status.
     pub async fn list_assets(&self, page: &AssetPage) -> StoreResult<Vec<Asset>> {
-        bounded!(self, "list assets", s => s.list_assets(page))
+        let page = page.clone();
+        shared!(self, "list assets", read | now | assets_page(&page, now))
     }
 
     /// Up to `limit` of the asset's events after sequence number `after`,
@@ -464,7 +543,12 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> StoreResult<Option<Vec<Event>>> {
-        bounded!(self, "read an asset's events", s => s.asset_events(id, after, limit))
+        let id = id.to_string();
+        shared!(
+            self,
+            "read an asset's events",
+            read | _now | asset_events(&id, after, limit)
+        )
     }
 
     /// The reservation; with `visible_to`, only when that client owns it.
@@ -473,7 +557,12 @@ impl Store {
         id: &ReservationId,
         visible_to: Option<&str>,
     ) -> StoreResult<Option<Reservation>> {
-        bounded!(self, "read a reservation", s => s.get_reservation(id, visible_to))
+        let (id, visible_to) = (id.to_string(), visible_to.map(str::to_owned));
+        shared!(
+            self,
+            "read a reservation",
+            read | now | load_reservation(&id, now, visible_to.as_deref())
+        )
     }
 
     pub async fn hold(&self, req: &HoldRequest) -> StoreResult<HoldOutcome> {
@@ -507,7 +596,12 @@ impl Store {
     }
 
     pub async fn list_reservations(&self, page: &ReservationPage) -> StoreResult<Vec<Reservation>> {
-        bounded!(self, "list reservations", s => s.list_reservations(page))
+        let page = page.clone();
+        shared!(
+            self,
+            "list reservations",
+            read | now | reservations_page(&page, now)
+        )
     }
 
     pub async fn complete_refund(
@@ -518,7 +612,8 @@ impl Store {
     }
 
     pub async fn list_refunds(&self, page: &RefundPage) -> StoreResult<Vec<Refund>> {
-        bounded!(self, "list refunds", s => s.list_refunds(page))
+        let page = page.clone();
+        shared!(self, "list refunds", read | _now | refunds_page(&page))
     }
 
     /// Events after `after` whose order is final, oldest first.
@@ -541,7 +636,12 @@ impl Store {
 
     /// Schedules an event for delivery again; `None` when it does not exist.
     pub async fn redeliver(&self, id: &EventId) -> StoreResult<Option<Event>> {
-        bounded!(self, "schedule an event again", s => s.redeliver(id))
+        let id = id.to_string();
+        shared!(
+            self,
+            "schedule an event again",
+            write | _now | redeliver(&id)
+        )
     }
 
     /// Claims up to `limit` due events; each stays claimed for `lease`.
@@ -565,7 +665,19 @@ impl Store {
     /// Checks every invariant; events older than `events_since` may have been
     /// purged and are not required.
     pub async fn audit(&self, events_since: Timestamp) -> StoreResult<Vec<Finding>> {
-        dispatch!(self, s => s.audit(events_since).await)
+        let postgres = matches!(self, Store::Postgres(_));
+        match self {
+            Store::Postgres(s) => {
+                s.read(async |c, _| statements::pg::audit(c, events_since, postgres).await)
+                    .await
+            }
+            Store::Sqlite(s) => {
+                s.read("audit the invariants", move |c| {
+                    statements::lite::audit(c, events_since, postgres)
+                })
+                .await
+            }
+        }
     }
 
     /// Writes a consistent copy of a live embedded database to `target`.
@@ -573,7 +685,9 @@ impl Store {
         match self {
             Store::Sqlite(s) => s.backup(target).await,
             Store::Postgres(_) => Err(StoreError::Config(
-                "backup copies the embedded SQLite database; for PostgreSQL use pg_dump".into(),
+                "backup copies the embedded SQLite database; for PostgreSQL use pg_basebackup \
+                 or pg_dump"
+                    .into(),
             )),
         }
     }
@@ -593,6 +707,6 @@ impl Store {
 
     /// Assets per effective status; statuses no asset has are left out.
     pub async fn asset_counts(&self) -> StoreResult<Vec<(AssetStatus, i64)>> {
-        bounded!(self, "count assets", s => s.asset_counts())
+        shared!(self, "count assets", read | now | asset_counts(now))
     }
 }

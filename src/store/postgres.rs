@@ -1,5 +1,9 @@
 //! PostgreSQL: diesel-async over a bounded deadpool pool, no libpq. Time is
-//! `now()` of the database, read once at the start of each request.
+//! `now()` of the database. What only PostgreSQL does lives here: the hold
+//! and the sale of a live hold as single statements, the coalesced first read
+//! of concurrent holds, the event feed by transaction id, and the delivery
+//! claims with `SKIP LOCKED`; every other statement is shared
+//! ([`super::statements::pg`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,25 +22,23 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncC
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use futures_util::FutureExt;
 
-use super::audit::{self, Finding, CHECKS};
 use super::coalesce::Coalescer;
 use super::error::{Abort, Context};
-use super::flow::{Backend, Claim, HoldDraft, PaymentKey, Snapshot};
-use super::rows::{
-    parse_reservation_id, reservation_page_query, with_refunds, Claimed, ClaimedRow, EventRow,
-    FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, PaymentRow, ReadAssetRow,
-    RefundRow, ReservationRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS, HOLDER_COLUMN,
+use super::flow::{
+    expired_event, Assemble, Backend, Change, Changed, Claim, HoldDraft, PaymentKey, Snapshot,
 };
-use super::schema::{assets, events, payments, refunds, reservations, At};
+use super::rows::{
+    Claimed, ClaimedRow, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow,
+    PaymentRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
+};
+use super::statements::pg as shared;
 use super::{
-    AssetPage, Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, RefundPage,
-    ReinstateOutcome, ReservationPage, StoreError, StoreResult, StoreSettings, WithdrawOutcome,
+    Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, StoreError, StoreResult,
+    StoreSettings,
 };
 use crate::domain::{
-    withdraw_decision, Asset, AssetId, AssetStatus, Event, EventId, EventType, HoldTarget, Refund,
-    RefundId, RefundReason, Reservation, ReservationId, Timestamp, WithdrawDecision,
+    Asset, AssetId, Event, HoldTarget, Refund, RefundId, Reservation, ReservationId, Timestamp,
 };
-use crate::reply::{self, Reply};
 
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 
@@ -132,7 +134,7 @@ impl PgStore {
         })
     }
 
-    async fn conn(&self) -> StoreResult<Conn> {
+    pub(crate) async fn conn(&self) -> StoreResult<Conn> {
         self.pool
             .get()
             .await
@@ -217,21 +219,6 @@ impl PgStore {
         }
     }
 
-    pub async fn audit(&self, events_since: Timestamp) -> StoreResult<Vec<Finding>> {
-        let mut conn = self.conn().await?;
-        let mut findings = Vec::new();
-        for check in CHECKS {
-            let sql = audit::statement(check.postgres.unwrap_or(check.sql), "$1::timestamptz");
-            let rows = sql_query(sql)
-                .bind::<Timestamptz, _>(events_since)
-                .load::<audit::Row>(&mut conn)
-                .await
-                .context("run an audit check")?;
-            findings.push(audit::finding(check, rows));
-        }
-        Ok(findings)
-    }
-
     pub async fn ping(&self) -> StoreResult<()> {
         let mut conn = self.conn().await?;
         conn.batch_execute("SELECT 1")
@@ -239,275 +226,19 @@ impl PgStore {
             .context("answer a ping")
     }
 
-    pub async fn create_asset(
+    /// Runs shared statements on a pooled connection, with the database clock.
+    pub(crate) async fn read<T>(
         &self,
-        id: &AssetId,
-        name: &str,
-        available_from: Option<Timestamp>,
-    ) -> StoreResult<Option<Asset>> {
-        let mut conn = self.conn().await?;
-        let row = sql_query(
-            "INSERT INTO assets (id, name, available_from, created_at, updated_at) \
-             VALUES ($1, $2, $3, now(), now()) \
-             ON CONFLICT (id) DO NOTHING RETURNING now() AS now, *",
-        )
-        .bind::<Text, _>(id.as_str())
-        .bind::<Text, _>(name)
-        .bind::<Nullable<Timestamptz>, _>(available_from)
-        .get_result::<NowAssetRow>(&mut conn)
-        .await
-        .optional()
-        .context("create an asset")?;
-        row.map(|r| r.asset.into_asset(r.now)).transpose()
-    }
-
-    /// Sets or clears the instant an asset's sale opens.
-    pub async fn set_available_from(
-        &self,
-        id: &AssetId,
-        available_from: Option<Timestamp>,
-    ) -> StoreResult<Option<Asset>> {
-        let mut conn = self.conn().await?;
-        let row = sql_query(
-            "UPDATE assets SET available_from = $2, version = version + 1, updated_at = now() \
-             WHERE id = $1 RETURNING now() AS now, *",
-        )
-        .bind::<Text, _>(id.as_str())
-        .bind::<Nullable<Timestamptz>, _>(available_from)
-        .get_result::<NowAssetRow>(&mut conn)
-        .await
-        .optional()
-        .context("set when the sale opens")?;
-        row.map(|r| r.asset.into_asset(r.now)).transpose()
-    }
-
-    /// Takes an asset off sale under its row lock; with `force`, a live
-    /// hold is released first. A lapsed hold is expired first.
-    pub async fn withdraw(
-        &self,
-        id: &AssetId,
-        force: bool,
-        actor: &str,
-    ) -> StoreResult<WithdrawOutcome> {
-        let mut conn = self.conn().await?;
-        let id = id.to_string();
-        conn.transaction(async |c| {
-            let now = db_now(c).await?;
-            expire_lapsed(c, Some(&id), now, 1).await?;
-            let row = sql_query("SELECT now() AS now, * FROM assets WHERE id = $1 FOR UPDATE")
-                .bind::<Text, _>(&id)
-                .get_result::<NowAssetRow>(c)
-                .await
-                .optional()
-                .context("lock the asset")?;
-            let Some(row) = row else {
-                return Ok(WithdrawOutcome::NotFound);
-            };
-            let asset = row.asset.into_asset(now)?;
-            match withdraw_decision(asset.status, force) {
-                WithdrawDecision::AlreadyWithdrawn => return Ok(WithdrawOutcome::Unchanged(asset)),
-                WithdrawDecision::Held => return Ok(WithdrawOutcome::Held(asset)),
-                WithdrawDecision::Sold => return Ok(WithdrawOutcome::Sold(asset)),
-                WithdrawDecision::ReleaseAndWithdraw => {
-                    let released = sql_query(
-                        "UPDATE reservations SET status = 'RELEASED', released_at = $2 \
-                         WHERE id = $1 AND status = 'HELD' RETURNING *",
-                    )
-                    .bind::<Text, _>(asset.current_reservation_id.as_deref().unwrap_or_default())
-                    .bind::<Timestamptz, _>(now)
-                    .get_result::<ReservationRow>(c)
-                    .await
-                    .context("release the hold")?
-                    .into_reservation()?;
-                    let sequence = next_sequence(c, &id).await?;
-                    let data = reply::reservation_ok(&released).body;
-                    let event =
-                        NewEvent::new(&id, sequence, EventType::ReservationReleased, data, now)
-                            .about(&released.reservation_id)
-                            .by(actor);
-                    insert_event(c, &event).await?;
-                }
-                WithdrawDecision::Withdraw => {}
-            }
-            let row = sql_query(
-                "UPDATE assets SET status = 'WITHDRAWN', hold_expires_at = NULL, current_reservation_id = NULL, \
-                        version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $2 \
-                 WHERE id = $1 RETURNING now() AS now, *",
-            )
-            .bind::<Text, _>(&id)
-            .bind::<Timestamptz, _>(now)
-            .get_result::<NowAssetRow>(c)
-            .await
-            .context("withdraw the asset")?;
-            let sequence = row.asset.last_event_sequence;
-            let asset = row.asset.into_asset(now)?;
-            let data = serde_json::to_string(&asset).unwrap_or_default();
-            let event = NewEvent::new(&id, sequence, EventType::AssetWithdrawn, data, now).by(actor);
-            insert_event(c, &event).await?;
-            Ok(WithdrawOutcome::Withdrawn(asset))
-        })
-        .await
-    }
-
-    /// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
-    pub async fn reinstate(&self, id: &AssetId, actor: &str) -> StoreResult<ReinstateOutcome> {
-        let mut conn = self.conn().await?;
-        let id = id.to_string();
-        conn.transaction(async |c| {
-            let row = sql_query(
-                "UPDATE assets SET status = 'AVAILABLE', version = version + 1, \
-                        last_event_sequence = last_event_sequence + 1, updated_at = now() \
-                 WHERE id = $1 AND status = 'WITHDRAWN' RETURNING now() AS now, *",
-            )
-            .bind::<Text, _>(&id)
-            .get_result::<NowAssetRow>(c)
-            .await
-            .optional()
-            .context("reinstate the asset")?;
-            if let Some(row) = row {
-                let (now, sequence) = (row.now, row.asset.last_event_sequence);
-                let asset = row.asset.into_asset(now)?;
-                let data = serde_json::to_string(&asset).unwrap_or_default();
-                let event =
-                    NewEvent::new(&id, sequence, EventType::AssetReinstated, data, now).by(actor);
-                insert_event(c, &event).await?;
-                return Ok(ReinstateOutcome::Reinstated(asset));
-            }
-            let row = sql_query("SELECT now() AS now, * FROM assets WHERE id = $1")
-                .bind::<Text, _>(&id)
-                .get_result::<NowAssetRow>(c)
-                .await
-                .optional()
-                .context("read an asset")?;
-            Ok(match row {
-                Some(r) => ReinstateOutcome::Unchanged(r.asset.into_asset(r.now)?),
-                None => ReinstateOutcome::NotFound,
-            })
-        })
-        .await
-    }
-
-    pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
-        let mut conn = self.conn().await?;
-        let row = sql_query(format!(
-            "SELECT now() AS now, a.*, {HOLDER_COLUMN} FROM assets a WHERE a.id = $1"
-        ))
-        .bind::<Text, _>(id.as_str())
-        .get_result::<ReadAssetRow>(&mut conn)
-        .await
-        .optional()
-        .context("read an asset")?;
-        row.map(ReadAssetRow::into_asset).transpose()
-    }
-
-    pub async fn list_assets(&self, page: &AssetPage) -> StoreResult<Vec<Asset>> {
-        let mut conn = self.conn().await?;
-        let rows = sql_query(format!(
-            "SELECT now() AS now, a.*, {HOLDER_COLUMN} FROM assets a \
-             WHERE ($1::text IS NULL OR id > $1) AND CASE $2::text \
-               WHEN 'AVAILABLE' THEN status = 'AVAILABLE' OR (status = 'HELD' AND hold_expires_at <= now()) \
-               WHEN 'HELD' THEN status = 'HELD' AND hold_expires_at > now() \
-               WHEN 'SOLD' THEN status = 'SOLD' WHEN 'WITHDRAWN' THEN status = 'WITHDRAWN' \
-               ELSE true END \
-             ORDER BY id LIMIT $3"
-        ))
-        .bind::<Nullable<Text>, _>(page.after.as_deref())
-        .bind::<Nullable<Text>, _>(page.status.map(AssetStatus::as_str))
-        .bind::<BigInt, _>(page.limit)
-        .load::<ReadAssetRow>(&mut conn)
-        .await
-        .context("list assets")?;
-        rows.into_iter().map(ReadAssetRow::into_asset).collect()
-    }
-
-    pub async fn asset_events(
-        &self,
-        id: &AssetId,
-        after: i64,
-        limit: i64,
-    ) -> StoreResult<Option<Vec<Event>>> {
-        let mut conn = self.conn().await?;
-        let exists = assets::table
-            .find(id.as_str())
-            .select(assets::id)
-            .first::<String>(&mut conn)
-            .await
-            .optional()
-            .context("find an asset")?
-            .is_some();
-        if !exists {
-            return Ok(None);
-        }
-        let rows = events::table
-            .filter(events::asset_id.eq(id.as_str()))
-            .filter(events::sequence.gt(after))
-            .order(events::sequence.asc())
-            .limit(limit)
-            .select(EventRow::as_select())
-            .load::<EventRow>(&mut conn)
-            .await
-            .context("read an asset's events")?;
-        rows.into_iter()
-            .map(EventRow::into_event)
-            .collect::<StoreResult<_>>()
-            .map(Some)
-    }
-
-    /// The reservation, when `visible_to` (if given) owns it: another
-    /// client's is not read beyond the filter, exactly like a missing one.
-    pub async fn get_reservation(
-        &self,
-        id: &ReservationId,
-        visible_to: Option<&str>,
-    ) -> StoreResult<Option<Reservation>> {
+        work: impl AsyncFnOnce(&mut AsyncPgConnection, Timestamp) -> StoreResult<T>,
+    ) -> StoreResult<T> {
         let mut conn = self.conn().await?;
         let now = db_now(&mut conn).await?;
-        load_visible_reservation(&mut conn, id, now, visible_to).await
-    }
-
-    /// One page of reservations, newest first, with their refunds.
-    pub async fn list_reservations(&self, page: &ReservationPage) -> StoreResult<Vec<Reservation>> {
-        let mut conn = self.conn().await?;
-        let now = db_now(&mut conn).await?;
-        let query = reservation_page_query!(reservations::table.into_boxed::<Pg>(), page, now);
-        let rows = query
-            .load::<ReservationRow>(&mut conn)
-            .await
-            .context("list reservations")?;
-        let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
-        let refund_rows = refunds::table
-            .filter(refunds::reservation_id.eq_any(&ids))
-            .order((refunds::created_at.asc(), refunds::id.asc()))
-            .select(RefundRow::as_select())
-            .load::<RefundRow>(&mut conn)
-            .await
-            .context("read the reservations' refunds")?;
-        with_refunds(rows, refund_rows, now)
+        work(&mut conn, now).await
     }
 }
 
-/// Delivery of events, the event feed and refunds.
+/// The event feed and the delivery of events.
 impl PgStore {
-    pub async fn list_refunds(&self, page: &RefundPage) -> StoreResult<Vec<Refund>> {
-        let mut conn = self.conn().await?;
-        let mut query = refunds::table
-            .select(RefundRow::as_select())
-            .order(refunds::id.asc())
-            .limit(page.limit)
-            .into_boxed();
-        if let Some(status) = page.status {
-            query = query.filter(refunds::status.eq(status.as_str()));
-        }
-        if let Some(after) = &page.after {
-            query = query.filter(refunds::id.gt(after.clone()));
-        }
-        let rows = query
-            .load::<RefundRow>(&mut conn)
-            .await
-            .context("list refunds")?;
-        rows.into_iter().map(RefundRow::into_refund).collect()
-    }
-
     /// Only events whose transaction id is below the oldest running
     /// transaction are returned: none can commit later in front of them.
     pub async fn event_feed(
@@ -544,20 +275,6 @@ impl PgStore {
                 r.event.into_event().map(|e| (cursor, e))
             })
             .collect()
-    }
-
-    pub async fn redeliver(&self, id: &EventId) -> StoreResult<Option<Event>> {
-        let mut conn = self.conn().await?;
-        let row = sql_query(format!(
-            "UPDATE events SET delivered_at = NULL, dead_at = NULL, attempts = 0, next_attempt_at = NULL, \
-                    last_error = NULL WHERE id = $1 RETURNING {EVENT_COLUMNS}"
-        ))
-        .bind::<Text, _>(id.to_string())
-        .get_result::<EventRow>(&mut conn)
-        .await
-        .optional()
-        .context("schedule an event again")?;
-        row.map(EventRow::into_event).transpose()
     }
 
     /// Claims due events with SKIP LOCKED and leases them, in one short
@@ -634,66 +351,33 @@ impl Backend for PgStore {
         .get_result::<KeySnapshotRow>(&mut conn)
         .await
         .context("read the idempotency key")?;
-        let refund = refunds::table
-            .find(id.to_string())
-            .select(RefundRow::as_select())
-            .first::<RefundRow>(&mut conn)
-            .await
-            .optional()
-            .context("read a refund")?;
+        let refund = shared::refund(&mut conn, &id.to_string()).await?;
         Ok(Snapshot {
             now: key.now,
-            row: refund.map(RefundRow::into_refund).transpose()?,
+            row: refund,
             stored: key.stored.into_answer(),
             fate: None,
         })
     }
 
-    async fn complete_refund(
-        &self,
-        refund: &Refund,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
+    async fn asset_snapshot(&self, id: &AssetId) -> StoreResult<Snapshot<Asset>> {
         let mut conn = self.conn().await?;
-        let result = conn
-            .transaction(async |c| {
-                let row = sql_query(
-                    "UPDATE refunds SET status = 'COMPLETED', completed_at = now() \
-                     WHERE id = $1 AND status = 'REQUESTED' RETURNING *",
-                )
-                .bind::<Text, _>(&refund.refund_id)
-                .get_result::<RefundRow>(c)
-                .await
-                .optional()
-                .context("complete a refund")?;
-                let Some(row) = row else {
-                    return Err(Abort::Retry);
-                };
-                let completed = row.into_refund()?;
-                let now = completed.completed_at.unwrap_or(completed.created_at);
-                let sequence = next_sequence(c, &completed.asset_id).await?;
-                let reply = Reply::json(200, &completed);
-                let event = NewEvent::new(
-                    &completed.asset_id,
-                    sequence,
-                    EventType::RefundCompleted,
-                    reply.body.clone(),
-                    now,
-                )
-                .about(&completed.reservation_id);
-                record(
-                    c,
-                    &event,
-                    idempotency,
-                    &reply,
-                    &completed.reservation_id,
-                    now,
-                )
-                .await?;
-                Ok(reply)
-            })
-            .await;
-        Abort::settle(result.map(Some), None)
+        let row = sql_query("SELECT now() AS now, * FROM assets WHERE id = $1")
+            .bind::<Text, _>(id.as_str())
+            .get_result::<NowAssetRow>(&mut conn)
+            .await
+            .optional()
+            .context("read an asset")?;
+        let now = match &row {
+            Some(row) => row.now,
+            None => db_now(&mut conn).await?,
+        };
+        Ok(Snapshot {
+            now,
+            row: row.map(|r| r.asset.into_stored_asset()).transpose()?,
+            stored: None,
+            fate: None,
+        })
     }
 
     async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
@@ -798,341 +482,132 @@ impl Backend for PgStore {
         .into_snapshot()
     }
 
-    async fn payment_fates(
-        &self,
-        scope: Option<&str>,
-        reference: &str,
-    ) -> StoreResult<(Timestamp, Vec<PaymentRow>)> {
-        let mut conn = self.conn().await?;
-        let now = db_now(&mut conn).await?;
-        let mut query = payments::table
-            .filter(payments::reference.eq(reference))
-            .select(PaymentRow::as_select())
-            .order(payments::scope.desc())
-            .into_boxed();
-        if let Some(scope) = scope {
-            query = query.filter(payments::scope.eq_any([scope, ""]));
-        }
-        let rows = query
-            .load::<PaymentRow>(&mut conn)
-            .await
-            .context("read a payment")?;
-        Ok((now, rows))
-    }
-
     async fn load_reservation(
         &self,
         id: &ReservationId,
         now: Timestamp,
     ) -> StoreResult<Option<Reservation>> {
         let mut conn = self.conn().await?;
-        load_reservation(&mut conn, id, now).await
+        shared::load_reservation(&mut conn, &id.to_string(), now, None).await
     }
 
-    async fn commit(
+    async fn payment_fates(
         &self,
-        reservation: &Reservation,
-        payment: PaymentKey<'_>,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        let mut conn = self.conn().await?;
-        finish_transition(
-            &mut conn,
-            reservation,
-            idempotency,
-            Transition::Commit(payment),
-        )
-        .await
+        scope: Option<&str>,
+        reference: &str,
+    ) -> StoreResult<(Timestamp, Vec<PaymentRow>)> {
+        self.read(async |c, now| Ok((now, shared::payment_fates(c, scope, reference).await?)))
+            .await
     }
 
-    async fn refund(
+    async fn transition<T: Send + 'static>(
         &self,
-        reservation: &Reservation,
-        payment: PaymentKey<'_>,
-        reason: RefundReason,
-        idempotency: &Idempotency,
-        now: Timestamp,
-    ) -> StoreResult<Reply> {
+        change: Change,
+        idempotency: Option<&Idempotency>,
+        assemble: Assemble<T>,
+    ) -> StoreResult<Option<T>> {
         let mut conn = self.conn().await?;
         let result = conn
             .transaction(async |c| {
-                // A lapsed hold nobody swept yet is expired first, so the
-                // timeline reads held → expired → refund requested.
-                expire_lapsed(c, Some(&reservation.asset_id), now, 1).await?;
-                let sequence = next_sequence(c, &reservation.asset_id).await?;
-                let refund =
-                    Refund::requested(reservation, payment.scope, payment.reference, reason, now);
-                insert_refund(c, &refund).await?;
-                record_fate(
-                    c,
-                    payment,
-                    &refund.reservation_id,
-                    Some(&refund.refund_id),
-                    now,
-                )
-                .await?;
-                let id = parse_reservation_id(&reservation.reservation_id)?;
-                let current = load_reservation(c, &id, now)
-                    .await?
-                    .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))?;
-                let reply = reply::commit_refused(reason, &current, &refund).into_reply();
-                let event = NewEvent::new(
-                    &refund.asset_id,
-                    sequence,
-                    EventType::RefundRequested,
-                    serde_json::to_string(&refund).unwrap_or_default(),
-                    now,
-                )
-                .about(&refund.reservation_id);
-                record(c, &event, idempotency, &reply, &refund.reservation_id, now).await?;
-                Ok(reply)
-            })
-            .await;
-        result.map_err(Abort::into_error)
-    }
-
-    async fn release(
-        &self,
-        reservation: &Reservation,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        let mut conn = self.conn().await?;
-        finish_transition(&mut conn, reservation, idempotency, Transition::Release).await
-    }
-
-    async fn extend(
-        &self,
-        reservation: &Reservation,
-        hold_seconds: i64,
-        max_total_seconds: i64,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        let mut conn = self.conn().await?;
-        let result = conn
-            .transaction(async |c| {
-                let row = sql_query(
-                    "WITH a AS ( \
-                       UPDATE assets SET hold_expires_at = now() + make_interval(secs => $3), \
-                              version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now() \
-                       WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > now() \
-                         AND now() + make_interval(secs => $3) <= \
-                             (SELECT created_at FROM reservations WHERE id = $1) + make_interval(secs => $4) \
-                       RETURNING last_event_sequence, hold_expires_at) \
-                     UPDATE reservations SET expires_at = (SELECT hold_expires_at FROM a) \
-                     WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a) \
-                     RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
-                )
-                .bind::<Text, _>(&reservation.reservation_id)
-                .bind::<Text, _>(&reservation.asset_id)
-                .bind::<Double, _>(hold_seconds as f64)
-                .bind::<Double, _>(max_total_seconds as f64)
-                .get_result::<TransitionRow>(c)
-                .await
-                .optional()
-                .context("extend the hold")?;
-                let Some(row) = row else {
+                let Some(changed) = make(c, &change).await? else {
                     return Err(Abort::Retry);
                 };
-                let updated = row.reservation.into_reservation()?;
-                let now = updated.expires_at - chrono::Duration::seconds(hold_seconds);
-                let reply = reply::reservation_ok(&updated);
-                let event = NewEvent::new(
-                    &updated.asset_id,
-                    row.event_sequence,
-                    EventType::ReservationExtended,
-                    reply.body.clone(),
-                    now,
+                let written = assemble(&changed)?;
+                Ok(
+                    shared::write_after(c, change.asset_id(), &changed, written, idempotency)
+                        .await?,
                 )
-                .about(&updated.reservation_id);
-                record(c, &event, idempotency, &reply, &updated.reservation_id, now).await?;
-                Ok(reply)
-            })
-            .await;
-        Abort::settle(result.map(Some), None)
-    }
-
-    async fn void(
-        &self,
-        reservation: &Reservation,
-        refund: bool,
-        actor: &str,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        let mut conn = self.conn().await?;
-        let result = conn
-            .transaction(async |c| {
-                let row = sql_query(
-                    "WITH a AS ( \
-                       UPDATE assets SET status = 'AVAILABLE', current_reservation_id = NULL, hold_expires_at = NULL, \
-                              version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now() \
-                       WHERE id = $2 AND status = 'SOLD' AND current_reservation_id = $1 \
-                       RETURNING last_event_sequence) \
-                     UPDATE reservations SET status = 'VOIDED', voided_at = now() \
-                     WHERE id = $1 AND status = 'COMMITTED' AND EXISTS (SELECT 1 FROM a) \
-                     RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
-                )
-                .bind::<Text, _>(&reservation.reservation_id)
-                .bind::<Text, _>(&reservation.asset_id)
-                .get_result::<TransitionRow>(c)
-                .await
-                .optional()
-                .context("void the sale")?;
-                let Some(row) = row else {
-                    return Err(Abort::Retry);
-                };
-                let voided = row.reservation.into_reservation()?;
-                let now = voided.voided_at.unwrap_or(voided.created_at);
-                let data = reply::reservation_ok(&voided).body;
-                let event = NewEvent::new(
-                    &voided.asset_id,
-                    row.event_sequence,
-                    EventType::ReservationVoided,
-                    data,
-                    now,
-                )
-                .about(&voided.reservation_id)
-                .by(actor);
-                insert_event(c, &event).await?;
-                if let (true, Some(payment), Some(scope)) = (
-                    refund,
-                    voided.payment_reference.as_deref(),
-                    voided.payment_scope.as_deref(),
-                ) {
-                    // Part of the payment's one fate: it bought this sale.
-                    let refund =
-                        Refund::requested(&voided, scope, payment, RefundReason::SaleVoided, now);
-                    insert_refund(c, &refund).await?;
-                    let sequence = next_sequence(c, &voided.asset_id).await?;
-                    let data = serde_json::to_string(&refund).unwrap_or_default();
-                    let event = NewEvent::new(
-                        &voided.asset_id,
-                        sequence,
-                        EventType::RefundRequested,
-                        data,
-                        now,
-                    )
-                    .about(&voided.reservation_id)
-                    .by(actor);
-                    insert_event(c, &event).await?;
-                }
-                let id = parse_reservation_id(&voided.reservation_id)?;
-                let current = load_reservation(c, &id, now)
-                    .await?
-                    .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))?;
-                let reply = reply::reservation_ok(&current);
-                store_answer(c, idempotency, &reply, &current.reservation_id, now).await?;
-                Ok(reply)
-            })
-            .await;
-        Abort::settle(result.map(Some), None)
-    }
-
-    async fn commit_late(
-        &self,
-        reservation: &Reservation,
-        payment: PaymentKey<'_>,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        let mut conn = self.conn().await?;
-        let result = conn
-            .transaction(async |c| {
-                let now = db_now(c).await?;
-                // The lapsed hold, if nobody swept it yet, expires first
-                // (waiting for a janitor expiring it right now).
-                expire_lapsed(c, Some(&reservation.asset_id), now, 1).await?;
-                let row = sql_query(COMMIT_LATE_SQL)
-                    .bind::<Text, _>(&reservation.reservation_id)
-                    .bind::<Text, _>(&reservation.asset_id)
-                    .bind::<Text, _>(payment.reference)
-                    .bind::<Text, _>(payment.scope)
-                    .get_result::<TransitionRow>(c)
-                    .await
-                    .optional()
-                    .context("sell to a late payment")?;
-                let Some(row) = row else {
-                    return Err(Abort::Retry);
-                };
-                let updated = row.reservation.into_reservation()?;
-                let reply = reply::reservation_ok(&updated);
-                let event = NewEvent::new(
-                    &updated.asset_id,
-                    row.event_sequence,
-                    EventType::ReservationCommitted,
-                    reply.body.clone(),
-                    now,
-                )
-                .about(&updated.reservation_id);
-                record(c, &event, idempotency, &reply, &updated.reservation_id, now).await?;
-                Ok(reply)
             })
             .await;
         Abort::settle(result.map(Some), None)
     }
 }
 
-/// A late payment buys the asset of its lapsed hold when nobody held or
-/// bought the asset since: one conditional update, and the payment's fate.
-const COMMIT_LATE_SQL: &str = "\
+/// Makes a change: the sale or release of a live hold as one statement at
+/// the database's own `now()`; every other change by the shared statements,
+/// at the clock read first in the same transaction.
+async fn make(conn: &mut AsyncPgConnection, change: &Change) -> StoreResult<Option<Changed>> {
+    let (reservation, payment) = match change {
+        Change::Commit {
+            reservation,
+            scope,
+            reference,
+        } => (reservation, Some(PaymentKey { scope, reference })),
+        Change::Release { reservation } => (reservation, None),
+        other => {
+            let now = match other {
+                Change::Refund { refund, .. } => refund.created_at,
+                _ => db_now(conn).await?,
+            };
+            return shared::apply(conn, other, now).await;
+        }
+    };
+    let query = sql_query(if payment.is_some() {
+        COMMIT_SQL
+    } else {
+        RELEASE_SQL
+    })
+    .bind::<Text, _>(&reservation.reservation_id)
+    .bind::<Text, _>(&reservation.asset_id);
+    let row = match payment {
+        Some(payment) => {
+            Prepared(
+                query
+                    .bind::<Text, _>(payment.reference)
+                    .bind::<Text, _>(payment.scope),
+            )
+            .get_result::<TransitionRow>(conn)
+            .await
+        }
+        None => Prepared(query).get_result::<TransitionRow>(conn).await,
+    }
+    .optional()
+    .context("change the reservation")?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    // A live hold has no refunds yet; the change happened at the
+    // database's now(), which the row carries.
+    Ok(Some(Changed {
+        now: Some(row.now),
+        reservation: Some(row.reservation.into_reservation()?.effective(row.now)),
+        sequence: Some(row.event_sequence),
+        ..Changed::default()
+    }))
+}
+
+/// The sale of a live hold: the asset first (lock order: asset, then
+/// reservation), guarded by status, owner and expiry at the statement's own
+/// now(); then the reservation and the payment's fate ($3 reference, $4
+/// scope), whose key fails the statement when the payment has one already.
+const COMMIT_SQL: &str = "\
 WITH a AS (
-    UPDATE assets SET status = 'SOLD', current_reservation_id = $1, hold_expires_at = NULL,
-           version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now()
-     WHERE id = $2 AND status = 'AVAILABLE'
-       AND NOT EXISTS (SELECT 1 FROM reservations o WHERE o.asset_id = $2 AND o.id <> $1
-             AND o.created_at >= (SELECT created_at FROM reservations WHERE id = $1))
+    UPDATE assets SET status = 'SOLD', hold_expires_at = NULL, version = version + 1,
+           last_event_sequence = last_event_sequence + 1, updated_at = now()
+     WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > now()
  RETURNING last_event_sequence
 ), r AS (
     UPDATE reservations SET status = 'COMMITTED', committed_at = now(), payment_reference = $3,
            payment_scope = $4
-     WHERE id = $1 AND status = 'EXPIRED' AND EXISTS (SELECT 1 FROM a)
+     WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a)
  RETURNING *
 ), fate AS (
     INSERT INTO payments (scope, reference, reservation_id, created_at)
     SELECT $4, $3, id, committed_at FROM r
 )
-SELECT r.*, (SELECT last_event_sequence FROM a) AS event_sequence FROM r";
+SELECT r.*, (SELECT last_event_sequence FROM a) AS event_sequence, now() AS now FROM r";
 
-/// Records a refund; a unique violation when this payment of this
-/// reservation has one.
-async fn insert_refund(conn: &mut AsyncPgConnection, refund: &Refund) -> StoreResult<()> {
-    diesel::insert_into(refunds::table)
-        .values((
-            refunds::id.eq(&refund.refund_id),
-            refunds::reservation_id.eq(&refund.reservation_id),
-            refunds::asset_id.eq(&refund.asset_id),
-            refunds::payment_reference.eq(&refund.payment_reference),
-            refunds::payment_scope.eq(&refund.payment_scope),
-            refunds::reason.eq(refund.reason.as_str()),
-            refunds::status.eq(refund.status.as_str()),
-            refunds::created_at.eq(At(refund.created_at)),
-        ))
-        .execute(conn)
-        .await
-        .context("record a refund")?;
-    Ok(())
-}
-
-/// Records a payment's one fate: it bought `reservation_id`, or `refund_id`
-/// gives it back. A unique violation when it has one already.
-async fn record_fate(
-    conn: &mut AsyncPgConnection,
-    payment: PaymentKey<'_>,
-    reservation_id: &str,
-    refund_id: Option<&str>,
-    now: Timestamp,
-) -> StoreResult<()> {
-    diesel::insert_into(payments::table)
-        .values((
-            payments::scope.eq(payment.scope),
-            payments::reference.eq(payment.reference),
-            payments::reservation_id.eq(reservation_id),
-            payments::refund_id.eq(refund_id),
-            payments::created_at.eq(At(now)),
-        ))
-        .execute(conn)
-        .await
-        .context("record the payment's fate")?;
-    Ok(())
-}
+/// The release of a live hold, guarded as the sale is.
+const RELEASE_SQL: &str = "\
+WITH a AS (
+    UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL,
+           version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now()
+     WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > now()
+ RETURNING last_event_sequence
+)
+UPDATE reservations SET status = 'RELEASED', released_at = now()
+ WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a)
+RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence, now() AS now";
 
 /// What to do when the events are ahead of the cluster's transaction counter.
 fn feed_ahead(newest: i64, next: i64) -> String {
@@ -1163,102 +638,6 @@ SELECT now() AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.cre
   LEFT JOIN idempotency_keys i ON i.scope = $2 AND i.key = $3
   LEFT JOIN payments p ON p.reference = $5 AND p.scope IN ($4, '')
  ORDER BY p.scope DESC NULLS LAST LIMIT 1";
-
-enum Transition<'a> {
-    Commit(PaymentKey<'a>),
-    Release,
-}
-
-/// Commit or release of a live hold: the asset first (lock order: asset,
-/// then reservation), guarded by status, owner and expiry at the write's own
-/// `now()`; then the reservation, the event and the stored answer, in one
-/// transaction.
-async fn finish_transition(
-    conn: &mut AsyncPgConnection,
-    reservation: &Reservation,
-    idempotency: &Idempotency,
-    transition: Transition<'_>,
-) -> StoreResult<Option<Reply>> {
-    let (sql, payment, event_type) = match transition {
-        Transition::Commit(payment) => (COMMIT_SQL, Some(payment), EventType::ReservationCommitted),
-        Transition::Release => (
-            "WITH a AS ( \
-               UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
-                      version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now() \
-               WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > now() \
-               RETURNING last_event_sequence) \
-             UPDATE reservations SET status = 'RELEASED', released_at = now() \
-             WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a) \
-             RETURNING reservations.*, (SELECT last_event_sequence FROM a) AS event_sequence",
-            None,
-            EventType::ReservationReleased,
-        ),
-    };
-    let result = conn
-        .transaction(async |c| {
-            let query = sql_query(sql)
-                .bind::<Text, _>(&reservation.reservation_id)
-                .bind::<Text, _>(&reservation.asset_id);
-            let row = match payment {
-                Some(payment) => {
-                    Prepared(
-                        query
-                            .bind::<Text, _>(payment.reference)
-                            .bind::<Text, _>(payment.scope),
-                    )
-                    .get_result::<TransitionRow>(c)
-                    .await
-                }
-                None => Prepared(query).get_result::<TransitionRow>(c).await,
-            }
-            .optional()
-            .context("change the reservation")?;
-            let Some(row) = row else {
-                return Err(Abort::Retry);
-            };
-            // A live hold has no refunds yet; the change happened at the
-            // database's now(), which the row carries.
-            let updated = row.reservation.into_reservation()?;
-            let now = updated
-                .committed_at
-                .or(updated.released_at)
-                .unwrap_or(updated.created_at);
-            let reply = reply::reservation_ok(&updated);
-            let event = NewEvent::new(
-                &updated.asset_id,
-                row.event_sequence,
-                event_type,
-                reply.body.clone(),
-                now,
-            )
-            .about(&updated.reservation_id);
-            record(c, &event, idempotency, &reply, &updated.reservation_id, now).await?;
-            Ok(reply)
-        })
-        .await;
-    Abort::settle(result.map(Some), None)
-}
-
-/// The sale of a live hold: the asset first (lock order: asset, then
-/// reservation), guarded by status, owner and expiry at the statement's own
-/// now(); then the reservation and the payment's fate ($3 reference, $4
-/// scope), whose key fails the statement when the payment has one already.
-const COMMIT_SQL: &str = "\
-WITH a AS (
-    UPDATE assets SET status = 'SOLD', hold_expires_at = NULL, version = version + 1,
-           last_event_sequence = last_event_sequence + 1, updated_at = now()
-     WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1 AND hold_expires_at > now()
- RETURNING last_event_sequence
-), r AS (
-    UPDATE reservations SET status = 'COMMITTED', committed_at = now(), payment_reference = $3,
-           payment_scope = $4
-     WHERE id = $1 AND status = 'HELD' AND EXISTS (SELECT 1 FROM a)
- RETURNING *
-), fate AS (
-    INSERT INTO payments (scope, reference, reservation_id, created_at)
-    SELECT $4, $3, id, committed_at FROM r
-)
-SELECT r.*, (SELECT last_event_sequence FROM a) AS event_sequence FROM r";
 
 /// A hold's first read: the database clock, the asset and the answer stored
 /// under the key, from one snapshot. Losers stop here.
@@ -1429,7 +808,7 @@ macro_rules! expire_sql {
                RETURNING assets.id, assets.last_event_sequence) \
              UPDATE reservations SET status = 'EXPIRED' FROM a \
              WHERE reservations.asset_id = a.id AND reservations.status = 'HELD' \
-             RETURNING reservations.*, a.last_event_sequence AS event_sequence"
+             RETURNING reservations.*, a.last_event_sequence AS event_sequence, $1 AS now"
         )
     };
 }
@@ -1441,7 +820,7 @@ macro_rules! expire_sql {
 /// janitors share the work. The expiry of one asset, done before acting on
 /// it, waits for such a transaction instead (a janitor expiring that very
 /// hold): what the caller does next then reads after it.
-async fn expire_lapsed(
+pub(crate) async fn expire_lapsed(
     conn: &mut AsyncPgConnection,
     asset: Option<&str>,
     now: Timestamp,
@@ -1459,80 +838,11 @@ async fn expire_lapsed(
         .load::<TransitionRow>(conn)
         .await
         .context("expire lapsed holds")?;
-    if rows.is_empty() {
-        return Ok(0);
+    for row in &rows {
+        let reservation = row.reservation.clone().into_reservation()?;
+        insert_event(conn, &expired_event(&reservation, row.event_sequence, now)).await?;
     }
-    let mut new_events = Vec::with_capacity(rows.len());
-    for row in rows {
-        let reservation = row.reservation.into_reservation()?;
-        let data = serde_json::to_string(&reservation).unwrap_or_default();
-        new_events.push(
-            NewEvent::new(
-                &reservation.asset_id,
-                row.event_sequence,
-                EventType::ReservationExpired,
-                data,
-                now,
-            )
-            .about(&reservation.reservation_id),
-        );
-    }
-    let count = new_events.len();
-    for event in &new_events {
-        insert_event(conn, event).await?;
-    }
-    Ok(count)
-}
-
-/// Takes the next event sequence number of an asset (locking the asset row).
-async fn next_sequence(conn: &mut AsyncPgConnection, asset: &str) -> StoreResult<i64> {
-    diesel::update(assets::table.find(asset))
-        .set(assets::last_event_sequence.eq(assets::last_event_sequence + 1))
-        .returning(assets::last_event_sequence)
-        .get_result(conn)
-        .await
-        .context("number an event")
-}
-
-/// Writes an event and the answer stored under the request's key.
-async fn record(
-    conn: &mut AsyncPgConnection,
-    event: &NewEvent,
-    idempotency: &Idempotency,
-    reply: &Reply,
-    reservation_id: &str,
-    now: Timestamp,
-) -> StoreResult<()> {
-    insert_event(conn, event).await?;
-    store_answer(conn, idempotency, reply, reservation_id, now).await
-}
-
-/// Writes the answer stored under the request's key.
-async fn store_answer(
-    conn: &mut AsyncPgConnection,
-    idempotency: &Idempotency,
-    reply: &Reply,
-    reservation_id: &str,
-    now: Timestamp,
-) -> StoreResult<()> {
-    Prepared(
-        sql_query(
-            "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind::<Text, _>(&idempotency.scope)
-        .bind::<Text, _>(idempotency.key.as_str())
-        .bind::<Text, _>(&idempotency.fingerprint)
-        .bind::<Integer, _>(i32::from(reply.status))
-        .bind::<Text, _>(&reply.body)
-        .bind::<Nullable<Text>, _>(reply.location.as_deref())
-        .bind::<Text, _>(reservation_id)
-        .bind::<Timestamptz, _>(now),
-    )
-    .execute(conn)
-    .await
-    .context("store the answer")?;
-    Ok(())
+    Ok(rows.len())
 }
 
 /// An event; its owner is the owner of the reservation it reports ($7).
@@ -1540,7 +850,10 @@ const INSERT_EVENT_SQL: &str = "\
 INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner, actor)
 VALUES ($1, $2, $3, $4, $5, $6, (SELECT owner FROM reservations WHERE id = $7), $8)";
 
-async fn insert_event(conn: &mut AsyncPgConnection, event: &NewEvent) -> StoreResult<()> {
+pub(crate) async fn insert_event(
+    conn: &mut AsyncPgConnection,
+    event: &NewEvent,
+) -> StoreResult<()> {
     Prepared(
         sql_query(INSERT_EVENT_SQL)
             .bind::<Text, _>(&event.id)
@@ -1558,73 +871,9 @@ async fn insert_event(conn: &mut AsyncPgConnection, event: &NewEvent) -> StoreRe
     Ok(())
 }
 
-async fn db_now(conn: &mut AsyncPgConnection) -> StoreResult<Timestamp> {
+pub(crate) async fn db_now(conn: &mut AsyncPgConnection) -> StoreResult<Timestamp> {
     diesel::select(diesel::dsl::sql::<Timestamptz>("now()"))
         .get_result(conn)
         .await
         .context("read the database clock")
-}
-
-async fn load_reservation(
-    conn: &mut AsyncPgConnection,
-    id: &ReservationId,
-    now: Timestamp,
-) -> StoreResult<Option<Reservation>> {
-    load_visible_reservation(conn, id, now, None).await
-}
-
-async fn load_visible_reservation(
-    conn: &mut AsyncPgConnection,
-    id: &ReservationId,
-    now: Timestamp,
-    visible_to: Option<&str>,
-) -> StoreResult<Option<Reservation>> {
-    let id = id.to_string();
-    let mut query = reservations::table
-        .find(&id)
-        .select(ReservationRow::as_select())
-        .into_boxed();
-    if let Some(owner) = visible_to {
-        query = query.filter(reservations::owner.eq(owner));
-    }
-    let row = query
-        .first::<ReservationRow>(conn)
-        .await
-        .optional()
-        .context("read a reservation")?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let refund_rows = refunds::table
-        .filter(refunds::reservation_id.eq(&id))
-        .order((refunds::created_at.asc(), refunds::id.asc()))
-        .select(RefundRow::as_select())
-        .load::<RefundRow>(conn)
-        .await
-        .context("read a reservation's refunds")?;
-    let mut reservation = row.into_reservation()?;
-    reservation.refunds = refund_rows
-        .into_iter()
-        .map(RefundRow::into_refund)
-        .collect::<StoreResult<_>>()?;
-    Ok(Some(reservation.effective(now)))
-}
-
-/// The operator console's counts.
-impl PgStore {
-    /// Assets per effective status (a lapsed hold counts as AVAILABLE, as in
-    /// `list_assets`); statuses no asset has are left out.
-    pub async fn asset_counts(&self) -> StoreResult<Vec<(AssetStatus, i64)>> {
-        let mut conn = self.conn().await?;
-        let rows = sql_query(
-            "SELECT CASE WHEN status = 'HELD' AND hold_expires_at <= now() THEN 'AVAILABLE' \
-             ELSE status END AS status, count(*) AS n FROM assets GROUP BY 1",
-        )
-        .load::<super::rows::StatusCountRow>(&mut conn)
-        .await
-        .context("count assets")?;
-        rows.into_iter()
-            .map(super::rows::StatusCountRow::into_count)
-            .collect()
-    }
 }

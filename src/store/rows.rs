@@ -34,54 +34,6 @@ pub(crate) fn with_refunds(
         .collect()
 }
 
-/// The filtered, newest-first query of a [`super::ReservationPage`] on a
-/// boxed `reservations` query of either backend, by effective status at `now`.
-macro_rules! reservation_page_query {
-    ($boxed:expr, $page:expr, $now:expr) => {{
-        use $crate::domain::ReservationStatus;
-        use $crate::store::schema::{reservations as r, At, Instant};
-        let mut query = $boxed
-            .select(ReservationRow::as_select())
-            .order(r::id.desc())
-            .limit($page.limit);
-        if let Some(buyer) = &$page.buyer_id {
-            query = query.filter(r::buyer_id.eq(buyer.clone()));
-        }
-        if let Some(asset) = &$page.asset_id {
-            query = query.filter(r::asset_id.eq(asset.clone()));
-        }
-        if let Some(owner) = &$page.owner {
-            query = query.filter(r::owner.eq(owner.clone()));
-        }
-        if let Some(before) = &$page.before {
-            query = query.filter(r::id.lt(before.clone()));
-        }
-        match $page.status {
-            Some(ReservationStatus::Held) => {
-                query = query.filter(
-                    diesel::dsl::sql::<diesel::sql_types::Bool>(
-                        "status = 'HELD' AND expires_at > ",
-                    )
-                    .bind::<Instant, _>(At($now)),
-                );
-            }
-            Some(ReservationStatus::Expired) => {
-                query = query.filter(
-                    diesel::dsl::sql::<diesel::sql_types::Bool>(
-                        "(status = 'EXPIRED' OR (status = 'HELD' AND expires_at <= ",
-                    )
-                    .bind::<Instant, _>(At($now))
-                    .sql("))"),
-                );
-            }
-            Some(other) => query = query.filter(r::status.eq(other.as_str())),
-            None => {}
-        }
-        query
-    }};
-}
-pub(crate) use reservation_page_query;
-
 pub(crate) fn parse_status<T>(parse: fn(&str) -> Option<T>, text: &str) -> StoreResult<T> {
     parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown status {text:?}")))
 }
@@ -100,14 +52,14 @@ pub(crate) struct AssetRow {
     pub(crate) hold_expires_at: Option<Timestamp>,
     pub(crate) current_reservation_id: Option<String>,
     pub(crate) version: i64,
-    pub(crate) last_event_sequence: i64,
     pub(crate) created_at: Timestamp,
     pub(crate) updated_at: Timestamp,
     pub(crate) available_from: Option<Timestamp>,
 }
 
 impl AssetRow {
-    pub(crate) fn into_asset(self, now: Timestamp) -> StoreResult<Asset> {
+    /// The asset as stored, its status not yet made effective.
+    pub(crate) fn into_stored_asset(self) -> StoreResult<Asset> {
         Ok(Asset {
             id: self.id,
             name: self.name,
@@ -119,8 +71,23 @@ impl AssetRow {
             created_at: self.created_at,
             updated_at: self.updated_at,
             holder: None,
-        }
-        .effective(now))
+        })
+    }
+
+    /// The asset by its effective status at `now`.
+    pub(crate) fn into_asset(self, now: Timestamp) -> StoreResult<Asset> {
+        Ok(self.into_stored_asset()?.effective(now))
+    }
+
+    /// The asset at `now`, with the client whose reservation holds it.
+    pub(crate) fn into_held_asset(
+        self,
+        now: Timestamp,
+        holder: Option<String>,
+    ) -> StoreResult<Asset> {
+        let mut asset = self.into_asset(now)?;
+        asset.holder = holder;
+        Ok(asset)
     }
 }
 
@@ -132,30 +99,7 @@ pub(crate) struct NowAssetRow {
     pub(crate) asset: AssetRow,
 }
 
-/// An asset read for a client, with the owner of its current reservation.
-#[derive(QueryableByName)]
-pub(crate) struct ReadAssetRow {
-    #[diesel(sql_type = Instant)]
-    pub(crate) now: Timestamp,
-    #[diesel(embed)]
-    pub(crate) asset: AssetRow,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub(crate) holder: Option<String>,
-}
-
-impl ReadAssetRow {
-    pub(crate) fn into_asset(self) -> StoreResult<Asset> {
-        let mut asset = self.asset.into_asset(self.now)?;
-        asset.holder = self.holder;
-        Ok(asset)
-    }
-}
-
-/// The owner of an asset's current reservation, as a column of `a`.
-pub(crate) const HOLDER_COLUMN: &str =
-    "(SELECT owner FROM reservations h WHERE h.id = a.current_reservation_id) AS holder";
-
-#[derive(QueryableByName, Selectable, Queryable)]
+#[derive(QueryableByName, Selectable, Queryable, Clone)]
 #[diesel(table_name = reservations, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
 pub(crate) struct ReservationRow {
     pub(crate) id: String,
@@ -193,12 +137,16 @@ impl ReservationRow {
     }
 }
 
+/// A reservation as a single-statement change left it, the event number
+/// the change took, and the database clock of the change.
 #[derive(QueryableByName)]
 pub(crate) struct TransitionRow {
     #[diesel(embed)]
     pub(crate) reservation: ReservationRow,
     #[diesel(sql_type = BigInt)]
     pub(crate) event_sequence: i64,
+    #[diesel(sql_type = Instant)]
+    pub(crate) now: Timestamp,
 }
 
 /// The columns of a LEFT JOINed reservation, all nullable.
@@ -445,9 +393,11 @@ impl EventRow {
     }
 }
 
+#[derive(Debug)]
 pub(crate) struct NewEvent {
     pub(crate) id: String,
     pub(crate) asset_id: String,
+    /// Numbered when written, from the asset's last event.
     pub(crate) sequence: i64,
     pub(crate) event_type: EventType,
     pub(crate) data: String,
@@ -460,7 +410,6 @@ pub(crate) struct NewEvent {
 impl NewEvent {
     pub(crate) fn new(
         asset_id: &str,
-        sequence: i64,
         event_type: EventType,
         data: String,
         created_at: Timestamp,
@@ -468,7 +417,7 @@ impl NewEvent {
         Self {
             id: EventId::generate().to_string(),
             asset_id: asset_id.to_owned(),
-            sequence,
+            sequence: 0,
             event_type,
             data,
             created_at,

@@ -1,7 +1,10 @@
 //! SQLite, the embedded default: diesel with the bundled library, an r2d2
 //! pool of readers and a single writer connection, WAL, and `BEGIN IMMEDIATE`
 //! for every write transaction. All work runs on blocking threads. The
-//! process clock is this database's clock.
+//! process clock is this database's clock. What only SQLite does lives here:
+//! the hold's statements, the expiry of lapsed holds, the event positions
+//! and the delivery claims; every other statement is shared
+//! ([`super::statements::lite`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,36 +14,33 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
 use diesel::sql_query;
-use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::SqliteConnection;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
-use super::audit::{self, Finding, CHECKS};
 use super::error::{Abort, Context};
-use super::flow::{Backend, Claim, HoldDraft, PaymentKey, Snapshot};
+use super::flow::{expired_event, Assemble, Backend, Claim, HoldDraft, PaymentKey, Snapshot};
 use super::rows::{
-    parse_reservation_id, reservation_page_query, with_refunds, ClaimedRow, Count, EventRow,
-    FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, PaymentRow, ReadAssetRow,
-    RefundRow, ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS, HOLDER_COLUMN,
+    ClaimedRow, Count, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, PaymentRow,
+    ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
 };
-use super::schema::{assets, events, payments, refunds, reservations, At, Instant};
+use super::schema::Instant;
+use super::statements::lite as shared;
 use super::{
-    AssetPage, Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, RefundPage,
-    ReinstateOutcome, ReservationPage, StoreError, StoreResult, StoreSettings, WithdrawOutcome,
+    Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, StoreError, StoreResult,
+    StoreSettings,
 };
 use crate::domain::{
-    extension_allowed, withdraw_decision, Asset, AssetId, AssetStatus, Event, EventId, EventType,
-    HoldTarget, Refund, RefundId, RefundReason, Reservation, ReservationId, Timestamp,
-    WithdrawDecision,
+    Asset, AssetId, Event, EventType, HoldTarget, Refund, RefundId, Reservation, ReservationId,
+    Timestamp,
 };
-use crate::reply::{self, Reply};
 
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
 
 type Conn = PooledConnection<ConnectionManager<SqliteConnection>>;
 
 /// The clock of the embedded database: this process's, to the microsecond.
-fn clock() -> Timestamp {
+pub(crate) fn clock() -> Timestamp {
     Utc::now().trunc_subsecs(6)
 }
 
@@ -150,7 +150,7 @@ impl SqliteStore {
         }
     }
 
-    async fn read<T, F>(&self, context: &'static str, work: F) -> StoreResult<T>
+    pub(crate) async fn read<T, F>(&self, context: &'static str, work: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut SqliteConnection) -> StoreResult<T> + Send + 'static,
@@ -187,26 +187,22 @@ impl SqliteStore {
         .await
     }
 
+    /// Runs one shared write in its own transaction at the write's clock.
+    pub(crate) async fn write_now<T, F>(&self, context: &'static str, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut SqliteConnection, Timestamp) -> StoreResult<T> + Send + 'static,
+    {
+        self.write(context, move |c| Ok(work(c, clock())?))
+            .await?
+            .map_err(Abort::into_error)
+    }
+
     pub async fn migrate(&self) -> StoreResult<()> {
         run(self.writer.clone(), "migrate", |conn| {
             conn.run_pending_migrations(MIGRATIONS)
                 .map(|_| ())
                 .map_err(|e| StoreError::Migration(e.to_string()))
-        })
-        .await
-    }
-
-    pub async fn audit(&self, events_since: Timestamp) -> StoreResult<Vec<Finding>> {
-        self.read("audit the invariants", move |c| {
-            let mut findings = Vec::new();
-            for check in CHECKS {
-                let rows = sql_query(audit::statement(check.sql, "$1"))
-                    .bind::<Instant, _>(events_since)
-                    .load::<audit::Row>(c)
-                    .context("run an audit check")?;
-                findings.push(audit::finding(check, rows));
-            }
-            Ok(findings)
         })
         .await
     }
@@ -227,282 +223,6 @@ impl SqliteStore {
                 .execute(c)
                 .map(|_| ())
                 .context("back up the database")
-        })
-        .await
-    }
-
-    pub async fn create_asset(
-        &self,
-        id: &AssetId,
-        name: &str,
-        available_from: Option<Timestamp>,
-    ) -> StoreResult<Option<Asset>> {
-        let (id, name) = (id.to_string(), name.to_owned());
-        let result = self
-            .write("create an asset", move |c| {
-                let now = clock();
-                let row = sql_query(
-                    "INSERT INTO assets (id, name, available_from, created_at, updated_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?4) \
-                     ON CONFLICT (id) DO NOTHING RETURNING ?4 AS now, *",
-                )
-                .bind::<Text, _>(id)
-                .bind::<Text, _>(name)
-                .bind::<Nullable<Instant>, _>(available_from)
-                .bind::<Instant, _>(now)
-                .get_result::<NowAssetRow>(c)
-                .optional()
-                .context("create an asset")?;
-                Ok(row)
-            })
-            .await?;
-        match result {
-            Ok(row) => row.map(|r| r.asset.into_asset(r.now)).transpose(),
-            Err(Abort::Retry) => Ok(None),
-            Err(other) => Err(other.into_error()),
-        }
-    }
-
-    /// Sets or clears the instant an asset's sale opens.
-    pub async fn set_available_from(
-        &self,
-        id: &AssetId,
-        available_from: Option<Timestamp>,
-    ) -> StoreResult<Option<Asset>> {
-        let id = id.to_string();
-        self.write("set when the sale opens", move |c| {
-            let now = clock();
-            let row = sql_query(
-                "UPDATE assets SET available_from = ?2, version = version + 1, updated_at = ?3 \
-                 WHERE id = ?1 RETURNING ?3 AS now, *",
-            )
-            .bind::<Text, _>(id)
-            .bind::<Nullable<Instant>, _>(available_from)
-            .bind::<Instant, _>(now)
-            .get_result::<NowAssetRow>(c)
-            .optional()
-            .context("set when the sale opens")?;
-            Ok(row.map(|r| r.asset.into_asset(now)).transpose()?)
-        })
-        .await?
-        .map_err(abort_to_error)
-    }
-
-    /// Takes an asset off sale; with `force`, a live hold is released first.
-    /// A lapsed hold is expired first. Writes are serialised.
-    pub async fn withdraw(
-        &self,
-        id: &AssetId,
-        force: bool,
-        actor: &str,
-    ) -> StoreResult<WithdrawOutcome> {
-        let (id, actor) = (id.to_string(), actor.to_owned());
-        self.write("withdraw the asset", move |c| {
-            let now = clock();
-            expire_lapsed(c, Some(&id), now, 1)?;
-            let row = sql_query("SELECT ? AS now, * FROM assets WHERE id = ?")
-                .bind::<Instant, _>(now)
-                .bind::<Text, _>(&id)
-                .get_result::<NowAssetRow>(c)
-                .optional()
-                .context("read the asset")?;
-            let Some(row) = row else {
-                return Ok(WithdrawOutcome::NotFound);
-            };
-            let asset = row.asset.into_asset(now)?;
-            match withdraw_decision(asset.status, force) {
-                WithdrawDecision::AlreadyWithdrawn => return Ok(WithdrawOutcome::Unchanged(asset)),
-                WithdrawDecision::Held => return Ok(WithdrawOutcome::Held(asset)),
-                WithdrawDecision::Sold => return Ok(WithdrawOutcome::Sold(asset)),
-                WithdrawDecision::ReleaseAndWithdraw => {
-                    let released = sql_query(
-                        "UPDATE reservations SET status = 'RELEASED', released_at = ? \
-                         WHERE id = ? AND status = 'HELD' RETURNING *",
-                    )
-                    .bind::<Instant, _>(now)
-                    .bind::<Text, _>(asset.current_reservation_id.as_deref().unwrap_or_default())
-                    .get_result::<ReservationRow>(c)
-                    .context("release the hold")?
-                    .into_reservation()?;
-                    let sequence = next_sequence(c, &id)?;
-                    let data = reply::reservation_ok(&released).body;
-                    let event =
-                        NewEvent::new(&id, sequence, EventType::ReservationReleased, data, now)
-                            .about(&released.reservation_id)
-                            .by(&actor);
-                    insert_event(c, &event)?;
-                }
-                WithdrawDecision::Withdraw => {}
-            }
-            let row = sql_query(
-                "UPDATE assets SET status = 'WITHDRAWN', hold_expires_at = NULL, current_reservation_id = NULL, \
-                        version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ?2 \
-                 WHERE id = ?1 RETURNING ?2 AS now, *",
-            )
-            .bind::<Text, _>(&id)
-            .bind::<Instant, _>(now)
-            .get_result::<NowAssetRow>(c)
-            .context("withdraw the asset")?;
-            let sequence = row.asset.last_event_sequence;
-            let asset = row.asset.into_asset(now)?;
-            let data = serde_json::to_string(&asset).unwrap_or_default();
-            let event =
-                NewEvent::new(&id, sequence, EventType::AssetWithdrawn, data, now).by(&actor);
-            insert_event(c, &event)?;
-            Ok(WithdrawOutcome::Withdrawn(asset))
-        })
-        .await?
-        .map_err(abort_to_error)
-    }
-
-    /// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
-    pub async fn reinstate(&self, id: &AssetId, actor: &str) -> StoreResult<ReinstateOutcome> {
-        let (id, actor) = (id.to_string(), actor.to_owned());
-        self.write("reinstate the asset", move |c| {
-            let now = clock();
-            let row = sql_query(
-                "UPDATE assets SET status = 'AVAILABLE', version = version + 1, \
-                        last_event_sequence = last_event_sequence + 1, updated_at = ?2 \
-                 WHERE id = ?1 AND status = 'WITHDRAWN' RETURNING ?2 AS now, *",
-            )
-            .bind::<Text, _>(&id)
-            .bind::<Instant, _>(now)
-            .get_result::<NowAssetRow>(c)
-            .optional()
-            .context("reinstate the asset")?;
-            if let Some(row) = row {
-                let sequence = row.asset.last_event_sequence;
-                let asset = row.asset.into_asset(now)?;
-                let data = serde_json::to_string(&asset).unwrap_or_default();
-                let event =
-                    NewEvent::new(&id, sequence, EventType::AssetReinstated, data, now).by(&actor);
-                insert_event(c, &event)?;
-                return Ok(ReinstateOutcome::Reinstated(asset));
-            }
-            let row = sql_query("SELECT ? AS now, * FROM assets WHERE id = ?")
-                .bind::<Instant, _>(now)
-                .bind::<Text, _>(&id)
-                .get_result::<NowAssetRow>(c)
-                .optional()
-                .context("read an asset")?;
-            Ok(match row {
-                Some(r) => ReinstateOutcome::Unchanged(r.asset.into_asset(now)?),
-                None => ReinstateOutcome::NotFound,
-            })
-        })
-        .await?
-        .map_err(abort_to_error)
-    }
-
-    pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
-        let id = id.to_string();
-        self.read("read an asset", move |c| {
-            let row = sql_query(format!(
-                "SELECT ? AS now, a.*, {HOLDER_COLUMN} FROM assets a WHERE a.id = ?"
-            ))
-            .bind::<Instant, _>(clock())
-            .bind::<Text, _>(id)
-            .get_result::<ReadAssetRow>(c)
-            .optional()
-            .context("read an asset")?;
-            row.map(ReadAssetRow::into_asset).transpose()
-        })
-        .await
-    }
-
-    pub async fn list_assets(&self, page: &AssetPage) -> StoreResult<Vec<Asset>> {
-        let page = page.clone();
-        self.read("list assets", move |c| {
-            let now = clock();
-            let rows = sql_query(format!(
-                "SELECT ?1 AS now, a.*, {HOLDER_COLUMN} FROM assets a \
-                 WHERE (?2 IS NULL OR id > ?2) AND CASE ?3 \
-                   WHEN 'AVAILABLE' THEN status = 'AVAILABLE' OR (status = 'HELD' AND hold_expires_at <= ?1) \
-                   WHEN 'HELD' THEN status = 'HELD' AND hold_expires_at > ?1 \
-                   WHEN 'SOLD' THEN status = 'SOLD' WHEN 'WITHDRAWN' THEN status = 'WITHDRAWN' \
-                   ELSE 1 END \
-                 ORDER BY id LIMIT ?4"
-            ))
-            .bind::<Instant, _>(now)
-            .bind::<Nullable<Text>, _>(page.after)
-            .bind::<Nullable<Text>, _>(page.status.map(AssetStatus::as_str))
-            .bind::<BigInt, _>(page.limit)
-            .load::<ReadAssetRow>(c)
-            .context("list assets")?;
-            rows.into_iter().map(ReadAssetRow::into_asset).collect()
-        })
-        .await
-    }
-
-    pub async fn asset_events(
-        &self,
-        id: &AssetId,
-        after: i64,
-        limit: i64,
-    ) -> StoreResult<Option<Vec<Event>>> {
-        let id = id.to_string();
-        self.read("read an asset's events", move |c| {
-            let exists = assets::table
-                .find(&id)
-                .select(assets::id)
-                .first::<String>(c)
-                .optional()
-                .context("find an asset")?
-                .is_some();
-            if !exists {
-                return Ok(None);
-            }
-            let rows = events::table
-                .filter(events::asset_id.eq(&id))
-                .filter(events::sequence.gt(after))
-                .order(events::sequence.asc())
-                .limit(limit)
-                .select(EventRow::as_select())
-                .load::<EventRow>(c)
-                .context("read an asset's events")?;
-            rows.into_iter()
-                .map(EventRow::into_event)
-                .collect::<StoreResult<_>>()
-                .map(Some)
-        })
-        .await
-    }
-
-    /// The reservation, when `visible_to` (if given) owns it: another
-    /// client's is not read beyond the filter, exactly like a missing one.
-    pub async fn get_reservation(
-        &self,
-        id: &ReservationId,
-        visible_to: Option<&str>,
-    ) -> StoreResult<Option<Reservation>> {
-        let (id, visible_to) = (*id, visible_to.map(str::to_owned));
-        self.read("read a reservation", move |c| {
-            load_visible_reservation(c, &id, clock(), visible_to.as_deref())
-        })
-        .await
-    }
-
-    /// One page of reservations, newest first, with their refunds.
-    pub async fn list_reservations(&self, page: &ReservationPage) -> StoreResult<Vec<Reservation>> {
-        let page = page.clone();
-        self.read("list reservations", move |c| {
-            let now = clock();
-            let query = reservation_page_query!(
-                reservations::table.into_boxed::<diesel::sqlite::Sqlite>(),
-                page,
-                now
-            );
-            let rows = query
-                .load::<ReservationRow>(c)
-                .context("list reservations")?;
-            let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
-            let refund_rows = refunds::table
-                .filter(refunds::reservation_id.eq_any(&ids))
-                .order((refunds::created_at.asc(), refunds::id.asc()))
-                .select(RefundRow::as_select())
-                .load::<RefundRow>(c)
-                .context("read the reservations' refunds")?;
-            with_refunds(rows, refund_rows, now)
         })
         .await
     }
@@ -593,29 +313,9 @@ where
     .map_err(|e| StoreError::unavailable(context, format!("the database task ended: {e}")))?
 }
 
-/// Delivery of events, the event feed and refunds. Writes are serialised,
-/// so position order is commit order.
+/// The event feed and the delivery of events. Writes are serialised, so
+/// position order is commit order.
 impl SqliteStore {
-    pub async fn list_refunds(&self, page: &RefundPage) -> StoreResult<Vec<Refund>> {
-        let page = page.clone();
-        self.read("list refunds", move |c| {
-            let mut query = refunds::table
-                .select(RefundRow::as_select())
-                .order(refunds::id.asc())
-                .limit(page.limit)
-                .into_boxed();
-            if let Some(status) = page.status {
-                query = query.filter(refunds::status.eq(status.as_str()));
-            }
-            if let Some(after) = page.after {
-                query = query.filter(refunds::id.gt(after));
-            }
-            let rows = query.load::<RefundRow>(c).context("list refunds")?;
-            rows.into_iter().map(RefundRow::into_refund).collect()
-        })
-        .await
-    }
-
     pub async fn event_feed(
         &self,
         after: FeedCursor,
@@ -642,24 +342,6 @@ impl SqliteStore {
                 .collect()
         })
         .await
-    }
-
-    pub async fn redeliver(&self, id: &EventId) -> StoreResult<Option<Event>> {
-        let id = id.to_string();
-        let row = self
-            .write("schedule an event again", move |c| {
-                Ok(sql_query(format!(
-                    "UPDATE events SET delivered_at = NULL, dead_at = NULL, attempts = 0, next_attempt_at = NULL, \
-                            last_error = NULL WHERE id = ? RETURNING {EVENT_COLUMNS}"
-                ))
-                .bind::<Text, _>(id)
-                .get_result::<EventRow>(c)
-                .optional()
-                .context("schedule an event again")?)
-            })
-            .await?
-            .map_err(abort_to_error)?;
-        row.map(EventRow::into_event).transpose()
     }
 
     pub async fn claim_deliveries(
@@ -746,15 +428,9 @@ impl Backend for SqliteStore {
             .bind::<Text, _>(idempotency.key.into_inner())
             .get_result::<KeySnapshotRow>(c)
             .context("read the idempotency key")?;
-            let refund = refunds::table
-                .find(id)
-                .select(RefundRow::as_select())
-                .first::<RefundRow>(c)
-                .optional()
-                .context("read a refund")?;
             Ok(Snapshot {
                 now: key.now,
-                row: refund.map(RefundRow::into_refund).transpose()?,
+                row: shared::refund(c, &id)?,
                 stored: key.stored.into_answer(),
                 fate: None,
             })
@@ -762,50 +438,24 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn complete_refund(
-        &self,
-        refund: &Refund,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        let (id, idempotency) = (refund.refund_id.clone(), idempotency.clone());
-        let result = self
-            .write("complete a refund", move |c| {
-                let now = clock();
-                let row = sql_query(
-                    "UPDATE refunds SET status = 'COMPLETED', completed_at = ? \
-                     WHERE id = ? AND status = 'REQUESTED' RETURNING *",
-                )
+    async fn asset_snapshot(&self, id: &AssetId) -> StoreResult<Snapshot<Asset>> {
+        let id = id.to_string();
+        self.read("read an asset", move |c| {
+            let now = clock();
+            let row = sql_query("SELECT ? AS now, * FROM assets WHERE id = ?")
                 .bind::<Instant, _>(now)
                 .bind::<Text, _>(id)
-                .get_result::<RefundRow>(c)
+                .get_result::<NowAssetRow>(c)
                 .optional()
-                .context("complete a refund")?;
-                let Some(row) = row else {
-                    return Err(Abort::Retry);
-                };
-                let completed = row.into_refund()?;
-                let sequence = next_sequence(c, &completed.asset_id)?;
-                let reply = Reply::json(200, &completed);
-                let event = NewEvent::new(
-                    &completed.asset_id,
-                    sequence,
-                    EventType::RefundCompleted,
-                    reply.body.clone(),
-                    now,
-                )
-                .about(&completed.reservation_id);
-                record(
-                    c,
-                    &event,
-                    &idempotency,
-                    &reply,
-                    &completed.reservation_id,
-                    now,
-                )?;
-                Ok(reply)
+                .context("read an asset")?;
+            Ok(Snapshot {
+                now,
+                row: row.map(|r| r.asset.into_stored_asset()).transpose()?,
+                stored: None,
+                fate: None,
             })
-            .await?;
-        Abort::settle(result.map(Some), None)
+        })
+        .await
     }
 
     async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
@@ -943,14 +593,15 @@ impl Backend for SqliteStore {
                 .context("record the reservation")?;
                 let mut event = NewEvent::new(
                     &r.asset_id,
-                    sequence.last_event_sequence,
                     EventType::ReservationHeld,
                     reply.body.clone(),
                     now,
                 )
                 .about(&r.reservation_id);
                 event.id = event_id;
-                record(c, &event, &idem, &reply, &r.reservation_id, now)?;
+                event.sequence = sequence.last_event_sequence;
+                insert_event(c, &event)?;
+                shared::store_answer(c, &idem, &reply, &r.reservation_id, now)?;
                 Ok(Claim::Claimed)
             })
             .await?;
@@ -988,16 +639,10 @@ impl Backend for SqliteStore {
     ) -> StoreResult<(Timestamp, Vec<PaymentRow>)> {
         let (scope, reference) = (scope.map(str::to_owned), reference.to_owned());
         self.read("read a payment", move |c| {
-            let mut query = payments::table
-                .filter(payments::reference.eq(reference))
-                .select(PaymentRow::as_select())
-                .order(payments::scope.desc())
-                .into_boxed();
-            if let Some(scope) = scope {
-                query = query.filter(payments::scope.eq_any([scope, String::new()]));
-            }
-            let rows = query.load::<PaymentRow>(c).context("read a payment")?;
-            Ok((clock(), rows))
+            Ok((
+                clock(),
+                shared::payment_fates(c, scope.as_deref(), &reference)?,
+            ))
         })
         .await
     }
@@ -1007,326 +652,42 @@ impl Backend for SqliteStore {
         id: &ReservationId,
         now: Timestamp,
     ) -> StoreResult<Option<Reservation>> {
-        let id = *id;
-        self.read("read a reservation", move |c| load_reservation(c, &id, now))
-            .await
+        let id = id.to_string();
+        self.read("read a reservation", move |c| {
+            shared::load_reservation(c, &id, now, None)
+        })
+        .await
     }
 
-    async fn commit(
+    async fn transition<T: Send + 'static>(
         &self,
-        reservation: &Reservation,
-        payment: PaymentKey<'_>,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        let payment = (payment.scope.to_owned(), payment.reference.to_owned());
-        self.finish_transition(reservation, idempotency, Some(payment))
-            .await
-    }
-
-    async fn refund(
-        &self,
-        reservation: &Reservation,
-        payment: PaymentKey<'_>,
-        reason: RefundReason,
-        idempotency: &Idempotency,
-        now: Timestamp,
-    ) -> StoreResult<Reply> {
-        let reservation = reservation.clone();
-        let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
-        let idempotency = idempotency.clone();
+        change: super::flow::Change,
+        idempotency: Option<&Idempotency>,
+        assemble: Assemble<T>,
+    ) -> StoreResult<Option<T>> {
+        let idempotency = idempotency.cloned();
         let result = self
-            .write("record a refund", move |c| {
-                // A lapsed hold nobody swept yet is expired first, so the
-                // timeline reads held → expired → refund requested.
-                expire_lapsed(c, Some(&reservation.asset_id), now, 1)?;
-                let sequence = next_sequence(c, &reservation.asset_id)?;
-                let refund = Refund::requested(&reservation, &scope, &reference, reason, now);
-                insert_refund(c, &refund)?;
-                let payment = PaymentKey {
-                    scope: &scope,
-                    reference: &reference,
-                };
-                record_fate(
-                    c,
-                    payment,
-                    &refund.reservation_id,
-                    Some(&refund.refund_id),
-                    now,
-                )?;
-                let id = parse_reservation_id(&reservation.reservation_id)?;
-                let current = load_reservation(c, &id, now)?
-                    .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))?;
-                let reply = reply::commit_refused(reason, &current, &refund).into_reply();
-                let data = serde_json::to_string(&refund).unwrap_or_default();
-                let event = NewEvent::new(
-                    &refund.asset_id,
-                    sequence,
-                    EventType::RefundRequested,
-                    data,
-                    now,
-                )
-                .about(&refund.reservation_id);
-                record(c, &event, &idempotency, &reply, &refund.reservation_id, now)?;
-                Ok(reply)
-            })
-            .await?;
-        result.map_err(Abort::into_error)
-    }
-
-    async fn release(
-        &self,
-        reservation: &Reservation,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        self.finish_transition(reservation, idempotency, None).await
-    }
-
-    async fn extend(
-        &self,
-        reservation: &Reservation,
-        hold_seconds: i64,
-        max_total_seconds: i64,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        let (id, asset, created_at) = (
-            reservation.reservation_id.clone(),
-            reservation.asset_id.clone(),
-            reservation.created_at,
-        );
-        let idempotency = idempotency.clone();
-        let result = self
-            .write("extend the hold", move |c| {
+            .write("change the reservation", move |c| {
                 // Judged at the write's own clock, after any wait for the writer.
-                let now = clock();
-                let until = now + chrono::Duration::seconds(hold_seconds);
-                if !extension_allowed(created_at, until, max_total_seconds) {
-                    return Err(Abort::Retry);
-                }
-                let sequence = sql_query(
-                    "UPDATE assets SET hold_expires_at = ?1, version = version + 1, \
-                            last_event_sequence = last_event_sequence + 1, updated_at = ?2 \
-                     WHERE id = ?3 AND status = 'HELD' AND current_reservation_id = ?4 AND hold_expires_at > ?2 \
-                     RETURNING last_event_sequence",
-                )
-                .bind::<Instant, _>(until)
-                .bind::<Instant, _>(now)
-                .bind::<Text, _>(&asset)
-                .bind::<Text, _>(&id)
-                .get_result::<Sequence>(c)
-                .optional()
-                .context("extend the hold")?;
-                let Some(sequence) = sequence else {
+                let now = match &change {
+                    super::flow::Change::Refund { refund, .. } => refund.created_at,
+                    _ => clock(),
+                };
+                let Some(changed) = shared::apply(c, &change, now)? else {
                     return Err(Abort::Retry);
                 };
-                let updated = sql_query(
-                    "UPDATE reservations SET expires_at = ? WHERE id = ? AND status = 'HELD' RETURNING *",
-                )
-                .bind::<Instant, _>(until)
-                .bind::<Text, _>(&id)
-                .get_result::<ReservationRow>(c)
-                .context("extend the reservation")?
-                .into_reservation()?;
-                let reply = reply::reservation_ok(&updated);
-                let event = NewEvent::new(
-                    &asset,
-                    sequence.last_event_sequence,
-                    EventType::ReservationExtended,
-                    reply.body.clone(),
-                    now,
-                )
-                .about(&id);
-                record(c, &event, &idempotency, &reply, &id, now)?;
-                Ok(reply)
+                let written = assemble(&changed)?;
+                Ok(shared::write_after(
+                    c,
+                    change.asset_id(),
+                    &changed,
+                    written,
+                    idempotency.as_ref(),
+                )?)
             })
             .await?;
         Abort::settle(result.map(Some), None)
     }
-
-    async fn void(
-        &self,
-        reservation: &Reservation,
-        refund: bool,
-        actor: &str,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        let (id, asset, actor) = (
-            reservation.reservation_id.clone(),
-            reservation.asset_id.clone(),
-            actor.to_owned(),
-        );
-        let idempotency = idempotency.clone();
-        let result = self
-            .write("void the sale", move |c| {
-                let now = clock();
-                let sequence = sql_query(
-                    "UPDATE assets SET status = 'AVAILABLE', current_reservation_id = NULL, hold_expires_at = NULL, \
-                            version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ?1 \
-                     WHERE id = ?2 AND status = 'SOLD' AND current_reservation_id = ?3 \
-                     RETURNING last_event_sequence",
-                )
-                .bind::<Instant, _>(now)
-                .bind::<Text, _>(&asset)
-                .bind::<Text, _>(&id)
-                .get_result::<Sequence>(c)
-                .optional()
-                .context("void the sale")?;
-                let Some(sequence) = sequence else {
-                    return Err(Abort::Retry);
-                };
-                let voided = sql_query(
-                    "UPDATE reservations SET status = 'VOIDED', voided_at = ? \
-                     WHERE id = ? AND status = 'COMMITTED' RETURNING *",
-                )
-                .bind::<Instant, _>(now)
-                .bind::<Text, _>(&id)
-                .get_result::<ReservationRow>(c)
-                .context("void the reservation")?
-                .into_reservation()?;
-                let data = reply::reservation_ok(&voided).body;
-                let event = NewEvent::new(
-                    &asset,
-                    sequence.last_event_sequence,
-                    EventType::ReservationVoided,
-                    data,
-                    now,
-                )
-                .about(&id)
-                .by(&actor);
-                insert_event(c, &event)?;
-                if let (true, Some(payment), Some(scope)) = (
-                    refund,
-                    voided.payment_reference.as_deref(),
-                    voided.payment_scope.as_deref(),
-                ) {
-                    // Part of the payment's one fate: it bought this sale.
-                    let refund =
-                        Refund::requested(&voided, scope, payment, RefundReason::SaleVoided, now);
-                    insert_refund(c, &refund)?;
-                    let sequence = next_sequence(c, &asset)?;
-                    let data = serde_json::to_string(&refund).unwrap_or_default();
-                    let event = NewEvent::new(&asset, sequence, EventType::RefundRequested, data, now)
-                        .about(&id)
-                        .by(&actor);
-                    insert_event(c, &event)?;
-                }
-                let rid = parse_reservation_id(&id)?;
-                let current = load_reservation(c, &rid, now)?
-                    .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))?;
-                let reply = reply::reservation_ok(&current);
-                store_answer(c, &idempotency, &reply, &id, now)?;
-                Ok(reply)
-            })
-            .await?;
-        Abort::settle(result.map(Some), None)
-    }
-
-    async fn commit_late(
-        &self,
-        reservation: &Reservation,
-        payment: PaymentKey<'_>,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Option<Reply>> {
-        let (id, asset) = (
-            reservation.reservation_id.clone(),
-            reservation.asset_id.clone(),
-        );
-        let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
-        let idempotency = idempotency.clone();
-        let result = self
-            .write("sell to a late payment", move |c| {
-                let now = clock();
-                // The lapsed hold, if nobody swept it yet, expires first.
-                expire_lapsed(c, Some(&asset), now, 1)?;
-                let sequence = sql_query(
-                    "UPDATE assets SET status = 'SOLD', current_reservation_id = ?1, hold_expires_at = NULL, \
-                            version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ?2 \
-                     WHERE id = ?3 AND status = 'AVAILABLE' \
-                       AND NOT EXISTS (SELECT 1 FROM reservations o WHERE o.asset_id = ?3 AND o.id <> ?1 \
-                             AND o.created_at >= (SELECT created_at FROM reservations WHERE id = ?1)) \
-                       AND EXISTS (SELECT 1 FROM reservations r WHERE r.id = ?1 AND r.status = 'EXPIRED') \
-                     RETURNING last_event_sequence",
-                )
-                .bind::<Text, _>(&id)
-                .bind::<Instant, _>(now)
-                .bind::<Text, _>(&asset)
-                .get_result::<Sequence>(c)
-                .optional()
-                .context("sell to a late payment")?;
-                let Some(sequence) = sequence else {
-                    return Err(Abort::Retry);
-                };
-                let updated = sql_query(
-                    "UPDATE reservations SET status = 'COMMITTED', committed_at = ?, payment_reference = ?, \
-                            payment_scope = ? WHERE id = ? AND status = 'EXPIRED' RETURNING *",
-                )
-                .bind::<Instant, _>(now)
-                .bind::<Text, _>(&reference)
-                .bind::<Text, _>(&scope)
-                .bind::<Text, _>(&id)
-                .get_result::<ReservationRow>(c)
-                .context("commit the reservation")?
-                .into_reservation()?;
-                let payment = PaymentKey {
-                    scope: &scope,
-                    reference: &reference,
-                };
-                record_fate(c, payment, &id, None, now)?;
-                let reply = reply::reservation_ok(&updated);
-                let event = NewEvent::new(
-                    &asset,
-                    sequence.last_event_sequence,
-                    EventType::ReservationCommitted,
-                    reply.body.clone(),
-                    now,
-                )
-                .about(&id);
-                record(c, &event, &idempotency, &reply, &id, now)?;
-                Ok(reply)
-            })
-            .await?;
-        Abort::settle(result.map(Some), None)
-    }
-}
-
-/// Records a refund; a unique violation when this payment of this
-/// reservation has one.
-fn insert_refund(conn: &mut SqliteConnection, refund: &Refund) -> StoreResult<()> {
-    diesel::insert_into(refunds::table)
-        .values((
-            refunds::id.eq(&refund.refund_id),
-            refunds::reservation_id.eq(&refund.reservation_id),
-            refunds::asset_id.eq(&refund.asset_id),
-            refunds::payment_reference.eq(&refund.payment_reference),
-            refunds::payment_scope.eq(&refund.payment_scope),
-            refunds::reason.eq(refund.reason.as_str()),
-            refunds::status.eq(refund.status.as_str()),
-            refunds::created_at.eq(At(refund.created_at)),
-        ))
-        .execute(conn)
-        .context("record a refund")?;
-    Ok(())
-}
-
-/// Records a payment's one fate: it bought `reservation_id`, or `refund_id`
-/// gives it back. A unique violation when it has one already.
-fn record_fate(
-    conn: &mut SqliteConnection,
-    payment: PaymentKey<'_>,
-    reservation_id: &str,
-    refund_id: Option<&str>,
-    now: Timestamp,
-) -> StoreResult<()> {
-    diesel::insert_into(payments::table)
-        .values((
-            payments::scope.eq(payment.scope),
-            payments::reference.eq(payment.reference),
-            payments::reservation_id.eq(reservation_id),
-            payments::refund_id.eq(refund_id),
-            payments::created_at.eq(At(now)),
-        ))
-        .execute(conn)
-        .context("record the payment's fate")?;
-    Ok(())
 }
 
 /// A reservation's first read: the clock, the reservation, the answer stored
@@ -1344,87 +705,6 @@ SELECT ?1 AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.create
   LEFT JOIN payments p ON p.reference = ?6 AND p.scope IN (?5, '')
  ORDER BY p.scope DESC NULLS LAST LIMIT 1";
 
-impl SqliteStore {
-    /// Commit (with a payment) or release of a live hold: the asset first,
-    /// guarded by status, owner and expiry at the write's clock; then the reservation, the event
-    /// and the stored answer, in one transaction.
-    async fn finish_transition(
-        &self,
-        reservation: &Reservation,
-        idempotency: &Idempotency,
-        payment: Option<(String, String)>,
-    ) -> StoreResult<Option<Reply>> {
-        let (id, asset) = (
-            reservation.reservation_id.clone(),
-            reservation.asset_id.clone(),
-        );
-        let idempotency = idempotency.clone();
-        let result = self
-            .write("change the reservation", move |c| {
-                // Judged at the write's own clock, after any wait for the writer.
-                let now = clock();
-                let asset_sql = if payment.is_some() {
-                    "UPDATE assets SET status = 'SOLD', hold_expires_at = NULL, version = version + 1, \
-                            last_event_sequence = last_event_sequence + 1, updated_at = ?1 \
-                     WHERE id = ?2 AND status = 'HELD' AND current_reservation_id = ?3 AND hold_expires_at > ?1 \
-                     RETURNING last_event_sequence"
-                } else {
-                    "UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
-                            version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ?1 \
-                     WHERE id = ?2 AND status = 'HELD' AND current_reservation_id = ?3 AND hold_expires_at > ?1 \
-                     RETURNING last_event_sequence"
-                };
-                let sequence = sql_query(asset_sql)
-                    .bind::<Instant, _>(now)
-                    .bind::<Text, _>(&asset)
-                    .bind::<Text, _>(&id)
-                    .get_result::<Sequence>(c)
-                    .optional()
-                    .context("change the asset")?;
-                let Some(sequence) = sequence else {
-                    return Err(Abort::Retry);
-                };
-                let (row, event_type) = match &payment {
-                    Some((scope, reference)) => {
-                        let row = sql_query(
-                            "UPDATE reservations SET status = 'COMMITTED', committed_at = ?, payment_reference = ?, \
-                                    payment_scope = ? WHERE id = ? AND status = 'HELD' RETURNING *",
-                        )
-                        .bind::<Instant, _>(now)
-                        .bind::<Text, _>(reference)
-                        .bind::<Text, _>(scope)
-                        .bind::<Text, _>(&id)
-                        .get_result::<ReservationRow>(c)
-                        .context("commit the reservation")?;
-                        let payment = PaymentKey { scope, reference };
-                        record_fate(c, payment, &id, None, now)?;
-                        (row, EventType::ReservationCommitted)
-                    }
-                    None => (
-                        sql_query(
-                            "UPDATE reservations SET status = 'RELEASED', released_at = ? \
-                             WHERE id = ? AND status = 'HELD' RETURNING *",
-                        )
-                        .bind::<Instant, _>(now)
-                        .bind::<Text, _>(&id)
-                        .get_result::<ReservationRow>(c)
-                        .context("release the reservation")?,
-                        EventType::ReservationReleased,
-                    ),
-                };
-                // A live hold has no refunds yet.
-                let updated = row.into_reservation()?.effective(now);
-                let reply = reply::reservation_ok(&updated);
-                let event = NewEvent::new(&asset, sequence.last_event_sequence, event_type, reply.body.clone(), now)
-                    .about(&id);
-                record(c, &event, &idempotency, &reply, &id, now)?;
-                Ok(reply)
-            })
-            .await?;
-        Abort::settle(result.map(Some), None)
-    }
-}
-
 #[derive(QueryableByName)]
 struct Sequence {
     #[diesel(sql_type = BigInt)]
@@ -1432,7 +712,7 @@ struct Sequence {
 }
 
 /// Expires lapsed holds (of one asset, or up to `limit` of any) as of `now`.
-fn expire_lapsed(
+pub(crate) fn expire_lapsed(
     conn: &mut SqliteConnection,
     asset: Option<&str>,
     now: Timestamp,
@@ -1469,26 +749,12 @@ fn expire_lapsed(
         .get_result::<ReservationRow>(conn)
         .context("expire a lapsed reservation")?;
         let reservation = row.into_reservation()?;
-        let data = serde_json::to_string(&reservation).unwrap_or_default();
-        let event = NewEvent::new(
-            id,
-            sequence.last_event_sequence,
-            EventType::ReservationExpired,
-            data,
-            now,
-        )
-        .about(&reservation.reservation_id);
-        insert_event(conn, &event)?;
+        insert_event(
+            conn,
+            &expired_event(&reservation, sequence.last_event_sequence, now),
+        )?;
     }
     Ok(lapsed.len())
-}
-
-fn next_sequence(conn: &mut SqliteConnection, asset: &str) -> StoreResult<i64> {
-    sql_query("UPDATE assets SET last_event_sequence = last_event_sequence + 1 WHERE id = ? RETURNING last_event_sequence")
-        .bind::<Text, _>(asset)
-        .get_result::<Sequence>(conn)
-        .map(|s| s.last_event_sequence)
-        .context("number an event")
 }
 
 /// An event; its owner is the owner of the reservation it reports (?7). Its
@@ -1500,7 +766,7 @@ INSERT INTO events (position, id, asset_id, sequence, type, data, created_at, ow
 VALUES (max(coalesce((SELECT max(position) FROM events), 0) + 1, ?9),
         ?1, ?2, ?3, ?4, ?5, ?6, (SELECT owner FROM reservations WHERE id = ?7), ?8)";
 
-fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()> {
+pub(crate) fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()> {
     sql_query(INSERT_EVENT_SQL)
         .bind::<Text, _>(&event.id)
         .bind::<Text, _>(&event.asset_id)
@@ -1514,106 +780,4 @@ fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()
         .execute(conn)
         .context("record an event")?;
     Ok(())
-}
-
-/// Writes an event and the answer stored under the request's key.
-fn record(
-    conn: &mut SqliteConnection,
-    event: &NewEvent,
-    idempotency: &Idempotency,
-    reply: &Reply,
-    reservation_id: &str,
-    now: Timestamp,
-) -> StoreResult<()> {
-    insert_event(conn, event)?;
-    store_answer(conn, idempotency, reply, reservation_id, now)
-}
-
-/// Writes the answer stored under the request's key.
-fn store_answer(
-    conn: &mut SqliteConnection,
-    idempotency: &Idempotency,
-    reply: &Reply,
-    reservation_id: &str,
-    now: Timestamp,
-) -> StoreResult<()> {
-    sql_query(
-        "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind::<Text, _>(&idempotency.scope)
-    .bind::<Text, _>(idempotency.key.as_str())
-    .bind::<Text, _>(&idempotency.fingerprint)
-    .bind::<Integer, _>(i32::from(reply.status))
-    .bind::<Text, _>(&reply.body)
-    .bind::<Nullable<Text>, _>(reply.location.as_deref())
-    .bind::<Text, _>(reservation_id)
-    .bind::<Instant, _>(now)
-    .execute(conn)
-    .context("store the answer")?;
-    Ok(())
-}
-
-fn load_reservation(
-    conn: &mut SqliteConnection,
-    id: &ReservationId,
-    now: Timestamp,
-) -> StoreResult<Option<Reservation>> {
-    load_visible_reservation(conn, id, now, None)
-}
-
-fn load_visible_reservation(
-    conn: &mut SqliteConnection,
-    id: &ReservationId,
-    now: Timestamp,
-    visible_to: Option<&str>,
-) -> StoreResult<Option<Reservation>> {
-    let id = id.to_string();
-    let mut query = reservations::table
-        .find(&id)
-        .select(ReservationRow::as_select())
-        .into_boxed();
-    if let Some(owner) = visible_to {
-        query = query.filter(reservations::owner.eq(owner));
-    }
-    let row = query
-        .first::<ReservationRow>(conn)
-        .optional()
-        .context("read a reservation")?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let refund_rows = refunds::table
-        .filter(refunds::reservation_id.eq(&id))
-        .order((refunds::created_at.asc(), refunds::id.asc()))
-        .select(RefundRow::as_select())
-        .load::<RefundRow>(conn)
-        .context("read a reservation's refunds")?;
-    let mut reservation = row.into_reservation()?;
-    reservation.refunds = refund_rows
-        .into_iter()
-        .map(RefundRow::into_refund)
-        .collect::<StoreResult<_>>()?;
-    Ok(Some(reservation.effective(now)))
-}
-
-/// The operator console's counts.
-impl SqliteStore {
-    /// Assets per effective status (a lapsed hold counts as AVAILABLE, as in
-    /// `list_assets`); statuses no asset has are left out.
-    pub async fn asset_counts(&self) -> StoreResult<Vec<(AssetStatus, i64)>> {
-        self.read("count assets", move |c| {
-            let rows = sql_query(
-                "SELECT CASE WHEN status = 'HELD' AND hold_expires_at <= ?1 THEN 'AVAILABLE' \
-                 ELSE status END AS status, count(*) AS n FROM assets GROUP BY 1",
-            )
-            .bind::<Instant, _>(clock())
-            .load::<super::rows::StatusCountRow>(c)
-            .context("count assets")?;
-            rows.into_iter()
-                .map(super::rows::StatusCountRow::into_count)
-                .collect()
-        })
-        .await
-    }
 }

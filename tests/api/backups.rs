@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use holdfast::{Application, Config, Store};
+use holdfast::{Application, Config};
 use serde_json::{json, Value};
 
 use crate::helpers::{new_key, Backend, EmptyPgDatabase, TestApp};
@@ -112,7 +112,8 @@ async fn an_sqlite_backup_taken_under_load_restores_whole() {
     let audit = holdfast(&["audit", "--json"], &target_url);
     let doc: Value = serde_json::from_slice(&audit.stdout).unwrap();
     assert_eq!(doc["ok"], true, "{doc:#}");
-    let store = Store::open(&Config::with_database(target_url.clone()))
+    let store = Config::with_database(target_url.clone())
+        .open_store()
         .await
         .unwrap();
     let mut missing = BTreeSet::new();
@@ -184,10 +185,17 @@ async fn a_pg_dump_restores_and_the_feed_goes_on() {
             assert_eq!(app.commit(id, &new_key(), "pay-pd").await.status(), 200);
         }
     }
-    let cursor = app.get_json("/v1/events").await["next_cursor"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    // An event shows in the feed once no older transaction in the cluster
+    // can still commit in front of it: wait until all four are there.
+    let mut cursor = String::new();
+    for _ in 0..100 {
+        let page = app.get_json("/v1/events").await;
+        cursor = page["next_cursor"].as_str().unwrap().to_owned();
+        if page["items"].as_array().unwrap().len() == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let dump = std::env::temp_dir().join(format!("holdfast-{}.dump", ulid::Ulid::new()));
     pg_tool(
         "pg_dump",
@@ -249,21 +257,28 @@ async fn a_pg_dump_restores_and_the_feed_goes_on() {
         .send()
         .await
         .unwrap();
-    let page: Value = client
-        .get(format!("{base}/v1/events?after={cursor}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let assets: Vec<&str> = page["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["asset_id"].as_str().unwrap())
-        .collect();
-    assert_eq!(assets, ["PD-new"], "{page}");
+    let mut assets = Vec::new();
+    for _ in 0..100 {
+        let page: Value = client
+            .get(format!("{base}/v1/events?after={cursor}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assets = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["asset_id"].as_str().unwrap().to_owned())
+            .collect();
+        if !assets.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(assets, ["PD-new"]);
 }
 
 /// A dump restored into a cluster whose transaction counter is behind the

@@ -28,12 +28,13 @@ async fn held(app: &TestApp, asset: &str) -> String {
 /// PostgreSQL cut off: no connection, nothing written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_connection_is_not_applied() {
-    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let upstream = crate::helpers::postgres_address();
+    let proxy = Proxy::start(&upstream).await;
     let port = proxy.port;
     let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
         c.database_url = c
             .database_url
-            .replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"));
+            .replace(&upstream, &format!("127.0.0.1:{port}"));
         c.db_acquire_timeout_ms = 500;
         c.db_timeout_ms = 1000;
     })

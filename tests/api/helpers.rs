@@ -213,6 +213,19 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", ulid::Ulid::new())
 }
 
+/// `host:port` of the PostgreSQL server tests use when it is given by
+/// `HOLDFAST_TEST_DATABASE_URL`, else the local default.
+pub fn postgres_address() -> String {
+    std::env::var("HOLDFAST_TEST_DATABASE_URL")
+        .ok()
+        .and_then(|url| {
+            let rest = url.split_once("://")?.1;
+            let authority = rest.rsplit_once('@').map_or(rest, |(_, a)| a);
+            Some(authority.split('/').next()?.to_owned())
+        })
+        .unwrap_or_else(|| "127.0.0.1:5432".to_owned())
+}
+
 /// A database of one test's own.
 struct TestDb {
     url: String,
@@ -507,7 +520,8 @@ async fn migrated_template(server: &PgServer) -> String {
                 .expect("create the template");
         }
         {
-            let store = Store::open(&Config::with_database(server.database_url(&building)))
+            let store = Config::with_database(server.database_url(&building))
+                .open_store()
                 .await
                 .expect("open the template");
             store.migrate().await.expect("migrate the template");

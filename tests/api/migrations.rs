@@ -10,7 +10,7 @@ async fn instances_starting_at_once_migrate_safely() {
         return;
     };
     let config = Config::with_database(db.url.clone());
-    let stores: Vec<Store> = join_all((0..4).map(|_| Store::open(&config)))
+    let stores: Vec<Store> = join_all((0..4).map(|_| config.open_store()))
         .await
         .into_iter()
         .map(|s| s.expect("open"))
@@ -35,14 +35,16 @@ async fn instances_starting_at_once_migrate_safely() {
 async fn the_sqlite_file_is_created_and_migrated_once() {
     let dir = std::env::temp_dir().join(format!("holdfast-mig-{}", ulid::Ulid::new()));
     let url = format!("sqlite://{}", dir.join("nested/holdfast.db").display());
-    let store = Store::open(&Config::with_database(url.clone()))
+    let store = Config::with_database(url.clone())
+        .open_store()
         .await
         .expect("open");
     store.migrate().await.expect("migrate");
     let id = holdfast::domain::AssetId::parse("M-2").unwrap();
     store.create_asset(&id, "x", None).await.unwrap();
     drop(store);
-    let again = Store::open(&Config::with_database(url))
+    let again = Config::with_database(url)
+        .open_store()
         .await
         .expect("reopen");
     again.migrate().await.expect("migrate again");
@@ -50,12 +52,10 @@ async fn the_sqlite_file_is_created_and_migrated_once() {
     assert!(again.describe().contains(&dir.display().to_string()));
     let copy = dir.join("copy.db");
     again.backup(&copy).await.expect("backup");
-    let restored = Store::open(&Config::with_database(format!(
-        "sqlite://{}",
-        copy.display()
-    )))
-    .await
-    .expect("open the copy");
+    let restored = Config::with_database(format!("sqlite://{}", copy.display()))
+        .open_store()
+        .await
+        .expect("open the copy");
     assert!(restored.get_asset(&id).await.unwrap().is_some());
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -123,7 +123,8 @@ async fn history_survives_the_one_fate_migration(url: String) {
         }
         conn.batch_execute(HISTORY).unwrap();
     }
-    let store = Store::open(&Config::with_database(url.clone()))
+    let store = Config::with_database(url.clone())
+        .open_store()
         .await
         .unwrap();
     store
@@ -185,7 +186,7 @@ async fn history_survives_the_one_fate_migration_on_sqlite() {
 /// power loss); NORMAL only when asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_is_durable_at_every_commit_by_default() {
-    use holdfast::config::SqliteSynchronous;
+    use holdfast::store::SqliteSynchronous;
     let dir = std::env::temp_dir().join(format!("holdfast-sync-{}", ulid::Ulid::new()));
     let url = format!("sqlite://{}", dir.join("s.db").display());
     for (setting, pragma, word) in [
@@ -197,7 +198,7 @@ async fn sqlite_is_durable_at_every_commit_by_default() {
         if let Some(setting) = setting {
             config.sqlite_synchronous = setting;
         }
-        let store = Store::open(&config).await.unwrap();
+        let store = config.open_store().await.unwrap();
         let Store::Sqlite(sqlite) = &store else {
             panic!("an SQLite store")
         };

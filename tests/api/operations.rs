@@ -105,12 +105,13 @@ backend_tests!(
 /// answered 201 that was not committed, and the service recovers by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_or_stalled_database_fails_closed_then_recovers() {
-    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let upstream = crate::helpers::postgres_address();
+    let proxy = Proxy::start(&upstream).await;
     let port = proxy.port;
     let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
         c.database_url = c
             .database_url
-            .replace("127.0.0.1:5432", &format!("127.0.0.1:{port}"));
+            .replace(&upstream, &format!("127.0.0.1:{port}"));
         c.db_acquire_timeout_ms = 1000;
         c.db_timeout_ms = 2000;
     })
