@@ -117,10 +117,11 @@ EXPECTED = {
 }
 # Flows whose answer is known in advance, narrower than their kind's.
 EXPECTED_BY_INTENT = {
-    # A voided sale's payment for another reservation: never a second sale.
-    "reuse-voided-payment": {(409, "PAYMENT_REFERENCE_USED"), (409, "HOLD_EXPIRED"),
-                             (409, "RESERVATION_NOT_ACTIVE")},
-    # Any payment for a voided sale is given back.
+    # A voided sale's payment keeps its one fate (it bought that sale): for
+    # another reservation it is used, whatever that reservation's state.
+    "reuse-voided-payment": {(409, "PAYMENT_REFERENCE_USED")},
+    # A voided sale's own payment again: nothing new (the void's refund, if
+    # it gave one); another payment for it is given back.
     "commit-after-void": {(409, "RESERVATION_NOT_ACTIVE")},
     "commit-after-void-new": {(409, "RESERVATION_NOT_ACTIVE")},
     # Only a sale can be voided; only a live hold extended.
@@ -131,7 +132,8 @@ EXPECTED_BY_INTENT = {
     # A voided sale voided again: 200, unchanged.
     "void-again": {(200, None)},
 }
-# The refund reasons a refused commit may carry, by its error_code.
+# The refund reasons a refused commit may carry, by its error_code (a voided
+# sale's own payment, voided without refund, carries none).
 REFUND_CODES = {
     "HOLD_EXPIRED": {"HOLD_EXPIRED"},
     "RESERVATION_NOT_ACTIVE": {"RESERVATION_RELEASED", "SALE_VOIDED"},
@@ -1369,7 +1371,7 @@ class Phase:
             return list(ex.map(one, queries))
 
     # ---- checks
-    def check_answer(self, a, gate_values):
+    def check_answer(self, a, gate_values, unrefunded_voids):
         """What one answer says, checked on its own (its body against its request)."""
         v, op, M = self.v, a.op, EXPIRY_MARGIN
         body = a.body if isinstance(a.body, dict) else {}
@@ -1394,7 +1396,10 @@ class Phase:
                                            f"the sale opened ({body.get('available_from')})")
         elif op.kind == "commit" and a.code in REFUND_CODES:
             rf = a.refund
-            if rf is None or rf.get("reason") not in REFUND_CODES[a.code]:
+            if rf is None and op.meta["intent"] == "commit-after-void" and \
+                    op.meta["rid"] in unrefunded_voids:
+                pass  # the sale's own payment: the void settled it, with no refund
+            elif rf is None or rf.get("reason") not in REFUND_CODES[a.code]:
                 v.add("refund", f"commit {op.path} answered {a.code} without the refund it "
                                 f"must carry: {a.raw[:300]!r}")
             elif op.meta["intent"] in ("commit-after-void", "commit-after-void-new") and \
@@ -1515,6 +1520,13 @@ class Phase:
             if op.kind in ("gate", "create_asset") and op.meta.get("available_from"):
                 gate_values[op.meta["asset_id"]].append(parse_ts(op.meta["available_from"]))
 
+        # Sales voided without refund: their own payment is never refunded.
+        first_voids = {}
+        for op in ops:
+            if op.kind == "void" and any(a.good for a in op.attempts):
+                first_voids.setdefault(op.meta["rid"], op)
+        unrefunded_voids = {rid for rid, op in first_voids.items() if not op.meta["refund"]}
+
         # 4. No 5xx other than 503, ever; and nothing the contract (or the
         # flow, when it knows the answer in advance) does not allow.
         log("checking every answer")
@@ -1532,7 +1544,7 @@ class Phase:
                                            f"({op.meta.get('intent')}) body={op.payload}: "
                                            f"{a.raw[:300]!r}")
                 continue
-            self.check_answer(a, gate_values)
+            self.check_answer(a, gate_values, unrefunded_voids)
             self.check_effective(a)
         window_503 = sum(1 for a in attempts if a.status == 503
                          and any(w0 <= a.t1 <= w1 for w0, w1 in self.windows))
@@ -1608,7 +1620,6 @@ class Phase:
         voided = {}        # rid -> the first void op answered 200: the one that acted
         extended = collections.defaultdict(list)  # rid -> [(op, expires_at)] answered 200
         refunds_seen = {}  # (rid, pref) -> set(refund_id)
-        commit_refunds = set()  # (rid, pref) refunded in a commit's answer
         late = set()       # (rid, pref, refund_id) of 409 HOLD_EXPIRED
         for op in ops:
             goods = [a for a in op.attempts if a.good]
@@ -1630,7 +1641,6 @@ class Phase:
                     else:
                         rf = a.refund
                         refunds_seen.setdefault((rid, pref), set()).add(rf.get("refund_id"))
-                        commit_refunds.add((rid, pref))
                         if a.code == "HOLD_EXPIRED":
                             late.add((rid, pref, rf.get("refund_id")))
             elif op.kind == "release":
@@ -1795,7 +1805,8 @@ class Phase:
         for key in sorted(phantom)[:50]:
             v.add("refund", f"refund in the database no client was told about: {key}")
         # A void with refund gives the sale's payment back exactly once; one
-        # without gives nothing back (a later commit of that payment may).
+        # without gives nothing back, then or later (the payment keeps its
+        # one fate: it bought that sale).
         for rid, op in voided.items():
             pref = committed.get(rid)
             body = next(a.body for a in op.attempts if a.good)
@@ -1810,12 +1821,9 @@ class Phase:
             elif shown:
                 v.add("void-refund", f"{rid} voided without refund, yet the void answered "
                                      f"refund {shown}")
-            elif rows and (rid, pref) not in commit_refunds:
-                # Only a later commit of that payment may refund it (a second
-                # void, with refund or not, changes nothing).
+            elif rows:
                 v.add("void-refund", f"{rid} voided without refund; its payment has refund "
-                                     f"{[(r['id'], r['reason']) for r in rows]} though no commit "
-                                     f"of it was refused")
+                                     f"{[(r['id'], r['reason']) for r in rows]}")
 
         # 3 (cont.) and 2 (cont.): the database holds exactly what was acknowledged.
         if len(res_db) != len(hold_keys_ok):
