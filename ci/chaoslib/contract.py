@@ -23,7 +23,10 @@ UNEARNED = {
     "HOLD_LIMIT_REACHED": "the instances set no per-buyer hold limit",
 }
 # ...except where the run asks for something that may not exist.
-EARNED_ANYWAY: set[tuple[str, int]] = set()
+EARNED_ANYWAY = {
+    # A lookup may name a reference before it has a fate, or one never sent.
+    ("get_payment", 404),
+}
 
 # Flows whose answer is known in advance, narrower than the document's.
 BY_INTENT = {
@@ -33,6 +36,11 @@ BY_INTENT = {
     # The voided sale's own payment again, or a new one for the voided sale.
     "commit-after-void": {(409, "RESERVATION_NOT_ACTIVE")},
     "commit-after-void-new": {(409, "RESERVATION_NOT_ACTIVE")},
+    # A sold reservation: its own payment again is 200, another is refunded.
+    "same-payment": {(200, None)},
+    "second-payment": {(409, "ALREADY_COMMITTED")},
+    # A released reservation's payment is refunded.
+    "after-release": {(409, "RESERVATION_NOT_ACTIVE")},
     # Only a sale can be voided; only a live hold extended.
     "void-held": {(409, "RESERVATION_NOT_ACTIVE")},
     "void-released": {(409, "RESERVATION_NOT_ACTIVE")},
@@ -40,6 +48,8 @@ BY_INTENT = {
     "extend-sold": {(409, "RESERVATION_NOT_ACTIVE")},
     # A voided sale voided again: 200, unchanged.
     "void-again": {(200, None)},
+    # A reference no commit ever carried has no fate.
+    "payment-lookup-unsent": {(404, "PAYMENT_NOT_FOUND")},
 }
 
 # The refund reasons a refused commit carries, by its error_code (a voided

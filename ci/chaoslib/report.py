@@ -37,6 +37,11 @@ def figures(ev, load_seconds):
     db_released = {rid for rid, r in ev.res_db.items() if r["status"] == "RELEASED"}
     intervals = certain_intervals(ev)
     commit_ops = ev.ops_of("commit")
+    reused = [op for op in commit_ops if op.meta["intent"].startswith("reuse-")]
+    fanout = [op for op in commit_ops if op.meta["intent"] == "fanout"]
+    fanout_groups = collections.defaultdict(list)
+    for op in fanout:
+        fanout_groups[op.meta["pref"]].append(op)
     spread = collections.Counter(len({o.meta["rid"] for o in ops_})
                                  for ops_ in ev.commits_by_pref.values())
     fates = collections.Counter("REFUNDED" if p["refund_id"] else "BOUGHT"
@@ -97,8 +102,17 @@ def figures(ev, load_seconds):
         "assets_created": ev.assets_created,
         "refs": len(ev.commits_by_pref),
         "refs_spread": spread,
+        "reused": len(reused),
+        "reused_final": collections.Counter(op.final.label() if op.final else "unanswered"
+                                            for op in reused),
+        "fanouts": len(fanout_groups),
+        "fanout_commits": len(fanout),
+        "fanout_final": collections.Counter(op.final.label() if op.final else "unanswered"
+                                            for op in fanout),
         "payment_used": sum(1 for op in commit_ops
                             if op.final and op.final.code == "PAYMENT_REFERENCE_USED"),
+        "lookups": collections.Counter(op.final.label() if op.final else "unanswered"
+                                       for op in ev.ops_of("payment")),
         "payment_gets": collections.Counter(a.label() for a in ev.payment_gets.values()),
         "fates": fates,
     }
@@ -189,8 +203,11 @@ def print_summary(backend, cluster, threads, f, results):
         print("  holds refused: " + counts(f["holds_refused"]))
         print(f"  payment references {f['refs']} (by how many reservations each was sent to: "
               f"{counts(f['refs_spread'])}); fates in db: {counts(f['fates'])}")
-        print(f"  PAYMENT_REFERENCE_USED answers {f['payment_used']}; payments looked up at "
-              f"the end: {counts(f['payment_gets'])}")
+        print(f"  reused references {f['reused']}: {counts(f['reused_final'])}")
+        print(f"  one reference to several holds at once: {f['fanouts']} times, "
+              f"{f['fanout_commits']} commits: {counts(f['fanout_final'])}")
+        print(f"  PAYMENT_REFERENCE_USED answers {f['payment_used']}; lookups during the load: "
+              f"{counts(f['lookups'])}; at the end: {counts(f['payment_gets'])}")
         print(f"  refunds answered {f['refunds_answered']}, refunds in db {f['refunds_db']}")
     if results:
         failed = sum(1 for r in results if r.violations)

@@ -4,7 +4,11 @@ operators at once, against all instances, retrying blindly.
 Each thread loops: hold an asset, then commit it (at once, or late, past the
 hold's expiry), release it, extend it, or abandon it; void some sales and
 follow up on them; now and then withdraw and reinstate an asset, move a
-sale's opening, or list reservations."""
+sale's opening, list reservations, or look a payment up. Payment references
+are mostly fresh, but some commits reuse one already sent for another
+reservation (a blind retry to the wrong reservation is a real client bug):
+one that bought or was refunded elsewhere, or one still in flight; and some
+send one reference to several reservations at once."""
 
 from __future__ import annotations
 
@@ -25,11 +29,14 @@ RATE_WITHDRAW = 0.012       # an admin withdraws an asset (sometimes forced), re
 RATE_GATE = 0.006           # an admin moves an asset's sale opening (available_from)
 RATE_LIST = 0.012           # someone lists reservations (by asset, buyer, status), page by page
 RATE_REINSTATE = 0.002      # an admin reinstates any asset (mostly: nothing to do)
+RATE_FANOUT = 0.010         # one payment reference sent to several holds at once
+RATE_LOOKUP = 0.010         # the payment system asks what became of a payment
 # After a hold, and after a sale.
 P_EXTEND = 0.08             # a chain of one to three extensions before deciding
 P_VOID_HELD = 0.012         # voiding a hold (not a sale): 409
 P_VOID_SALE = 0.10          # voiding a sale, then what follows a void
 P_GATED_ASSET = 0.08        # a replacement asset created with a sale opening a few seconds on
+P_REUSE = 0.08              # a commit carries a reference already sent for another reservation
 
 
 class AssetPool:
@@ -71,6 +78,31 @@ class AssetPool:
             return len(self.ids)
 
 
+class Ledger:
+    """The payment references sent so far, and for which reservation: what a
+    confused client may send again for another one."""
+
+    RECENT = 8               # the last few: likely still in flight
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sent: collections.deque = collections.deque(maxlen=500)  # (pref, rid)
+
+    def note(self, pref, rid):
+        with self.lock:
+            self.sent.append((pref, rid))
+
+    def pick(self, rng, rid=None):
+        """A reference sent for a reservation other than rid: half the time
+        one of the last few sent (perhaps in flight), else any."""
+        with self.lock:
+            pool = list(self.sent)
+        if rng.random() < 0.5:
+            pool = pool[-self.RECENT:]
+        pool = [p for p, r in pool if r != rid]
+        return rng.choice(pool) if pool else None
+
+
 class Context:
     def __init__(self, rec, ports, pool, deadline, seed):
         self.rec = rec
@@ -78,6 +110,7 @@ class Context:
         self.pool = pool
         self.deadline = deadline
         self.seed = seed
+        self.ledger = Ledger()
         self.dups = 0
         self.lock = threading.Lock()
         self.intents = collections.Counter()
@@ -167,6 +200,7 @@ def commit(ctx, http_, rng, res, intent, pref=None):
     pref = pref or new_pref()
     op = ctx.new_op("commit", "POST", f"/v1/reservations/{res.rid}/commit",
                     {"payment_reference": pref}, True, res.meta(intent, pref=pref))
+    ctx.ledger.note(pref, res.rid)
     a = perform(ctx.rec, http_, op, ctx.ports, rng=rng)
     maybe_duplicate(ctx, http_, rng, op, a)
     if a is not None and a.status == 200:
@@ -174,6 +208,43 @@ def commit(ctx, http_, rng, res, intent, pref=None):
         if ctx.pool.remove(res.asset_id):
             create_asset(ctx, http_, rng, gated=rng.random() < P_GATED_ASSET)
     return a
+
+
+def commit_all(ctx, rng, targets, pref, intent):
+    """One payment reference sent for several reservations at the same
+    moment, each from its own connection: [(res, answer or None)]."""
+    out = [None] * len(targets)
+    start = threading.Barrier(len(targets))
+
+    def one(i, res, seed):
+        http_ = Http()
+        try:
+            start.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            pass
+        out[i] = commit(ctx, http_, random.Random(seed), res, intent, pref=pref)
+        for port in list(http_.conns):
+            http_.drop(port)
+
+    threads = [threading.Thread(target=one, args=(i, res, rng.random()), daemon=True)
+               for i, res in enumerate(targets)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return list(zip(targets, out))
+
+
+def lookup_payment(ctx, http_, rng):
+    """GET /v1/payments/{ref}: a reference sent before (its fate, or none
+    yet), or now and then one no commit ever carried."""
+    pref = ctx.ledger.pick(rng)
+    intent = "payment-lookup"
+    if pref is None or rng.random() < 0.1:
+        pref, intent = f"pay-never-{uuid.uuid4().hex[:16]}", "payment-lookup-unsent"
+    op = ctx.new_op("payment", "GET", f"/v1/payments/{pref}", None, False,
+                    {"pref": pref, "intent": intent})
+    return perform(ctx.rec, http_, op, ctx.ports, rng=rng)
 
 
 def release(ctx, http_, rng, res, intent):
@@ -275,10 +346,19 @@ def client(ctx: Context, tid: int):
     # unanswered (retries exhausted): what it did is settled at the end, and
     # nothing else may act on that reservation meanwhile.
 
+    def payment(res, intent):
+        """The reference a commit carries, and its intent: mostly a fresh
+        one; sometimes one already sent for another reservation."""
+        if rng.random() < P_REUSE:
+            pref = ctx.ledger.pick(rng, res.rid)
+            if pref is not None:
+                return "reuse-" + intent, pref
+        return intent, None
+
     def decide(res):
         r = rng.random()
         if r < 0.38:
-            c = commit(ctx, http_, rng, res, "commit-now")
+            c = commit(ctx, http_, rng, res, *payment(res, "commit-now"))
             if c is not None and c.status == 200:
                 after_sale(res, c.op.meta["pref"])
         elif r < 0.56:
@@ -289,7 +369,7 @@ def client(ctx: Context, tid: int):
             if rl is not None and rl.status == 200:
                 s = rng.random()
                 if s < 0.25:  # the payment arrives after the release: refunded
-                    commit(ctx, http_, rng, res, "after-release")
+                    commit(ctx, http_, rng, res, *payment(res, "after-release"))
                 elif s < 0.35:
                     release(ctx, http_, rng, res, "release-again")
                 elif s < 0.41:
@@ -307,7 +387,7 @@ def client(ctx: Context, tid: int):
         # else: abandoned; the janitor or the next hold expires it.
 
     def late_commit(res):
-        c = commit(ctx, http_, rng, res, "late")
+        c = commit(ctx, http_, rng, res, *payment(res, "late"))
         if c is not None and c.status == 200 and rng.random() < P_VOID_SALE:
             void_sale(res, c.op.meta["pref"])
 
@@ -349,6 +429,53 @@ def client(ctx: Context, tid: int):
                 release(ctx, http_, rng, res2, "release-now")
             else:
                 commit(ctx, http_, rng, res2, "commit-now")
+
+    def fanout():
+        """Holds on two to four assets (some then released), and one payment
+        reference (mostly fresh, sometimes one already sent) sent for all of
+        them at the same moment, at once or once the first hold lapsed: it
+        buys one, or is refunded once, and every other answer is
+        PAYMENT_REFERENCE_USED. A live hold the payment did not buy is then
+        decided anew (paid with a payment of its own, released, left)."""
+        mine, want = [], rng.randint(2, 4)
+        for _ in range(3 * want):
+            if len(mine) == want:
+                break
+            asset_id = ctx.pool.pick(rng)
+            if asset_id is None or any(r.asset_id == asset_id for r in mine):
+                continue
+            _, res = hold(ctx, http_, rng, asset_id, f"buyer-{rng.randrange(500):03d}",
+                          intent="hold-fanout")
+            if res is not None:
+                mine.append(res)
+        if not mine:
+            return
+        targets = []
+        for res in mine:
+            if len(mine) > 1 and rng.random() < 0.3:
+                if release(ctx, http_, rng, res, "release-before-fanout") is None:
+                    continue
+            targets.append(res)
+        if not targets:
+            return
+        pref = (ctx.ledger.pick(rng) if rng.random() < 0.2 else None) or new_pref()
+        if rng.random() < 0.25:
+            # Late: the first hold to lapse has lapsed, the others may not have.
+            at = min(r.expires_at for r in targets) + rng.uniform(0.2, 1.0)
+            defer(at, pay_all, targets, pref)
+        else:
+            pay_all(targets, pref)
+
+    def pay_all(targets, pref):
+        for res, a in commit_all(ctx, rng, targets, pref, "fanout"):
+            if a is None or not isinstance(a.body, dict):
+                continue
+            if a.status == 200:
+                if rng.random() < P_VOID_SALE:
+                    void_sale(res, a.op.meta["pref"])
+            elif a.code == "PAYMENT_REFERENCE_USED" and \
+                    (a.body.get("reservation") or {}).get("status") == "HELD":
+                decide(res)
 
     def extend_step(res, k, kmax):
         e = extend(ctx, http_, rng, res, "extend")
@@ -409,6 +536,14 @@ def client(ctx: Context, tid: int):
             asset_id = ctx.pool.pick(rng)
             if asset_id:
                 reinstate(ctx, http_, rng, asset_id, "reinstate-any")
+            continue
+        x -= RATE_REINSTATE
+        if x < RATE_FANOUT:
+            fanout()
+            continue
+        x -= RATE_FANOUT
+        if x < RATE_LOOKUP:
+            lookup_payment(ctx, http_, rng)
             continue
         asset_id = ctx.pool.pick(rng)
         if asset_id is None:
