@@ -24,9 +24,9 @@ refunds late payments before the kill and accepts them if free after).
 Then, with every instance answering again, requests left without an answer
 are retried with their key until they get one, the evidence is gathered (the
 client's record of every answer, `holdfast audit --json`, every reservation,
-payments and some listings read back, the database read directly) and every
-check registered in checks.CHECKS is run on it. Any violation makes the exit
-status 1. Python standard library only.
+payments, some listings and timelines read back, the database read directly)
+and every check registered in checks.CHECKS is run on it. Any violation makes
+the exit status 1. Python standard library only.
 
 Layout: cluster (instances, PostgreSQL, faults, the database read back),
 client (requests, attempts, blind retries), workload (the client threads),

@@ -5,6 +5,7 @@ takes the Evidence and yields one line per violation; none does I/O."""
 from __future__ import annotations
 
 import collections
+import math
 import time
 import traceback
 from typing import Callable, Iterable, NamedTuple
@@ -1063,3 +1064,38 @@ def listings_agree(ev):
             if r and r["status"] in ("COMMITTED", "VOIDED", "RELEASED") \
                     and it.get("status") != r["status"]:
                 yield f"listing shows {r['id']} {it.get('status')}, database {r['status']}"
+
+
+# The events that name their actor (the API key; '-' in open mode), those
+# that never do, and the rest (a forced withdrawal's release, a void's
+# refund) that may.
+ACTED = {"reservation.voided", "asset.withdrawn", "asset.reinstated"}
+NEVER_ACTED = {"reservation.held", "reservation.committed", "reservation.expired",
+               "reservation.extended", "refund.completed"}
+
+
+@check("timelines_agree",
+       "An asset's timeline, read page by page, is its events in the database in sequence "
+       "order 1, 2, 3 … (plus expiries written since), in as many pages as its limit makes; "
+       "voids, withdrawals and reinstatements name their actor ('-' in open mode), holds, "
+       "sales, expiries and extensions none.")
+def timelines_agree(ev):
+    for (aid, limit), items, error, pages in ev.timelines:
+        if error:
+            yield f"timeline of {aid}: {error}"
+            continue
+        seqs = [it.get("sequence") for it in items]
+        if seqs != list(range(1, len(items) + 1)):
+            yield f"timeline of {aid}: sequences {seqs[:20]}"
+        db = [(e["sequence"], e["type"], e["actor"]) for e in ev.events_by_asset[aid]]
+        api = [(it.get("sequence"), it.get("type"), it.get("actor")) for it in items]
+        if api[:len(db)] != db or any(t != "reservation.expired" for _, t, _ in api[len(db):]):
+            diff = next((i for i, (x, y) in enumerate(zip(api, db)) if x != y),
+                        min(len(api), len(db)))
+            yield (f"timeline of {aid}: {len(api)} events, database {len(db)}; first "
+                   f"difference at {diff}: {api[diff:diff + 1]} vs {db[diff:diff + 1]}")
+        if pages != max(1, math.ceil(len(items) / limit)):
+            yield f"timeline of {aid}: {len(items)} events in {pages} pages of {limit}"
+        for seq, kind, actor in api:
+            if kind in ACTED and actor != "-" or kind in NEVER_ACTED and actor is not None:
+                yield f"timeline of {aid}: event {seq} {kind} with actor {actor!r}"

@@ -1,6 +1,7 @@
 """What the checks judge, gathered once after the load: the client's record
 of every request and what its answers told, the audit, what the service
-answers now (every reservation, the assets of sales, listings, payments), and the database read directly. The checks themselves do no I/O."""
+answers now (every reservation, the assets of sales, listings, payments,
+timelines), and the database read directly. The checks themselves do no I/O."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .client import Http, Op, Recorder, send
 from .common import BACKOFF_BASE, BACKOFF_CAP, RESOLVE_ATTEMPTS, log, parse_ts
 from .contract import Document
 
+TIMELINE_SAMPLE = 40        # assets whose whole timeline is read back, page by page
 PAYMENT_SAMPLE = 1000       # references sent once whose fate is read back (besides the others)
 
 
@@ -106,6 +108,7 @@ class Evidence:
         self.listings = []
         self.payment_gets = {}
         self.unsent_refs = []
+        self.timelines = []
         self.unanswered_after_load = 0     # requests the resolve step had to retry
 
     # ---- gathering (network and database)
@@ -126,12 +129,13 @@ class Evidence:
                        self.reader.get_all([f"/v1/assets/{aid}" for aid in aids]).items()}
         log("reading the database")
         self.db = self.read_database()
-        log("listing reservations and payments")
+        log("listing reservations, payments and timelines")
         self.listings = self.read_listings()
         self.unsent_refs = [f"pay-never-{uuid.uuid4().hex[:16]}" for _ in range(10)]
         refs = self.refs_to_look_up() + self.unsent_refs
         self.payment_gets = {path.rsplit("/", 1)[1]: a for path, a in
                              self.reader.get_all([f"/v1/payments/{p}" for p in refs]).items()}
+        self.timelines = self.read_timelines()
 
     def refs_to_look_up(self):
         """The references whose fate is read back at the end: every one sent
@@ -178,6 +182,21 @@ class Evidence:
         return self.reader.pages(
             lambda q, cursor: "/v1/reservations?" + urllib.parse.urlencode(
                 dict(q, cursor=cursor) if cursor else q), queries)
+
+    def read_timelines(self):
+        """GET /v1/assets/{id}/events of some assets, a few events a page:
+        half of them the longest timelines with an event naming its actor (a
+        void, a withdrawal), the others at random."""
+        rng = random.Random(self.seed + 1)
+        count = collections.Counter(e["asset_id"] for e in self.db["events"])
+        acted = {e["asset_id"] for e in self.db["events"] if e["actor"] is not None}
+        sample = sorted(acted, key=lambda aid: (-count[aid], aid))[:TIMELINE_SAMPLE // 2]
+        others = sorted(set(count) - set(sample))
+        sample += rng.sample(others, min(TIMELINE_SAMPLE - len(sample), len(others)))
+        queries = [(aid, rng.randint(2, 9)) for aid in sorted(sample)]
+        return self.reader.pages(
+            lambda q, cursor: f"/v1/assets/{q[0]}/events?" + urllib.parse.urlencode(
+                {"limit": q[1], **({"cursor": cursor} if cursor else {})}), queries)
 
     # ---- what the clients were told
     def ops_of(self, kind):
@@ -346,4 +365,13 @@ class Evidence:
         for ev in self.db["events"]:
             if ev["type"] == "asset.withdrawn":
                 out[ev["asset_id"]].append(ev["created_at"])
+        return out
+
+    @functools.cached_property
+    def events_by_asset(self):
+        out = collections.defaultdict(list)
+        for ev in self.db["events"]:
+            out[ev["asset_id"]].append(ev)
+        for evs in out.values():
+            evs.sort(key=lambda e: e["sequence"])
         return out

@@ -52,6 +52,8 @@ def figures(ev, load_seconds):
         "ops": len(ops),
         "verify_gets": ev.reader.rec.n_attempts,
         "listings": len(ev.listings),
+        "timelines": len(ev.timelines),
+        "timeline_pages": sum(t[3] for t in ev.timelines),
         "by_status": by_status,
         "final_by_kind": final_by_kind,
         "attempts_by_kind": attempts_by_kind,
@@ -163,7 +165,8 @@ def print_summary(backend, cluster, threads, f, results):
         print("  (no figures: the run did not reach its checks)")
     else:
         print(f"  requests {f['requests']} ({f['ops']} logical requests; {f['verify_gets']} GETs "
-              f"to verify, {f['listings']} listings)")
+              f"to verify, {f['listings']} listings, {f['timelines']} timelines in "
+              f"{f['timeline_pages']} pages)")
         print("  by status: " + counts(f["by_status"]))
         print("  per operation, logical requests by final answer [attempts]:")
         for kind in sorted(f["final_by_kind"]):
