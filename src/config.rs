@@ -586,6 +586,17 @@ impl Config {
         crate::store::Store::open(&url, &self.store_settings()).await
     }
 
+    pub fn api_settings(&self) -> crate::http::ApiSettings {
+        crate::http::ApiSettings {
+            hold_bounds: self.hold_bounds(),
+            hold_max_total_seconds: self.hold_max_total_seconds,
+            late_commit: self.late_commit,
+            max_live_holds: self.max_live_holds(),
+            max_body_bytes: self.max_body_bytes,
+            cors_origins: self.cors_origins(),
+        }
+    }
+
     pub fn store_settings(&self) -> StoreSettings {
         StoreSettings {
             pool_size: self.db_pool_size,

@@ -110,7 +110,7 @@ impl Application {
         let state = web::Data::new(AppState {
             store: store.clone(),
             openapi_json: api.to_pretty_json().unwrap_or_default(),
-            config,
+            api: config.api_settings(),
         });
         let server =
             HttpServer::new(move || http::app(state.clone(), routes.clone(), guard.clone()))

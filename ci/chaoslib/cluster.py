@@ -18,7 +18,10 @@ import uuid
 from .common import (HOLD_MAX_TOTAL_SECONDS, HOLD_SECONDS_MAX, HOST, ROOT, log, parse_ts)
 
 PG_HOST = "127.0.0.1"
-PG_PORT = 5432
+# Another cluster than the machine's own (say, a private one a developer runs
+# beside other work): its port, and its data directory for pg_ctl.
+PG_PORT = int(os.environ.get("CHAOS_PG_PORT", "5432"))
+PG_DATA = os.environ.get("CHAOS_PG_DATA")
 PG_USER = "postgres"
 
 
@@ -128,10 +131,12 @@ def pg_version() -> str:
 
 
 def pg_ctl(action: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", pg_version(), "main", action],
-        capture_output=True, text=True, timeout=timeout,
-    )
+    if PG_DATA:
+        binary = os.path.join("/usr/lib/postgresql", pg_version(), "bin", "pg_ctl")
+        command = ["runuser", "-u", "postgres", "--", binary, "-D", PG_DATA, "-w", action]
+    else:
+        command = ["pg_ctlcluster", "--skip-systemctl-redirect", pg_version(), "main", action]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 # --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::access::Caller;
 use super::error::{respond, ApiError};
 use super::extract::{page_limit, JsonBody, Validator};
+use super::paths::AssetPath;
 use super::AppState;
 use crate::domain::{Asset, AssetId, AssetStatus, Event, Timestamp};
 use crate::reply::{self, ErrorCode, Problem, Reply};
@@ -98,7 +99,6 @@ fn parse_name(name: &str) -> Result<String, String> {
 /// Create an asset.
 #[utoipa::path(
     tag = "assets",
-    operation_id = "create_asset",
     request_body = CreateAssetRequest,
     responses(
         (status = 201, description = "Created", body = Asset,
@@ -139,8 +139,7 @@ pub async fn create_asset(
 /// Set or clear when an asset's sale opens.
 #[utoipa::path(
     tag = "assets",
-    operation_id = "update_asset",
-    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")),
+    params(AssetPath),
     request_body = UpdateAssetRequest,
     responses(
         (status = 200, description = "The asset as changed", body = Asset),
@@ -150,10 +149,10 @@ pub async fn create_asset(
 pub async fn update_asset(
     _caller: Caller,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    asset: AssetPath,
     body: JsonBody<UpdateAssetRequest>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    let id = asset.0;
     let mut v = Validator::default();
     let available_from = match &body.value.available_from {
         Some(Some(text)) => v.check("available_from", parse_instant(text)).map(Some),
@@ -184,8 +183,7 @@ const REINSTATEMENTS: &str = "holdfast_reinstatements_total";
 /// Withdrawing a withdrawn asset changes nothing. Safe to retry: no key needed.
 #[utoipa::path(
     tag = "assets",
-    operation_id = "withdraw_asset",
-    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")),
+    params(AssetPath),
     request_body(content = Option<WithdrawAssetRequest>, description = "Optional"),
     responses(
         (status = 200, description = "The asset, WITHDRAWN", body = Asset),
@@ -195,10 +193,10 @@ const REINSTATEMENTS: &str = "holdfast_reinstatements_total";
 pub async fn withdraw_asset(
     caller: Caller,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    asset: AssetPath,
     body: JsonBody<WithdrawAssetRequest, true>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    let id = asset.0;
     let force = body.value.force;
     match state.store.withdraw(&id, force, &caller.name).await? {
         WithdrawOutcome::Withdrawn(asset) => {
@@ -229,8 +227,7 @@ pub async fn withdraw_asset(
 /// answered as it is. Safe to retry: no key needed.
 #[utoipa::path(
     tag = "assets",
-    operation_id = "reinstate_asset",
-    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")),
+    params(AssetPath),
     request_body(content = Option<ReinstateAssetRequest>, description = "Optional"),
     responses(
         (status = 200, description = "The asset", body = Asset),
@@ -240,10 +237,10 @@ pub async fn withdraw_asset(
 pub async fn reinstate_asset(
     caller: Caller,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    asset: AssetPath,
     _body: JsonBody<ReinstateAssetRequest, true>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    let id = asset.0;
     match state.store.reinstate(&id, &caller.name).await? {
         ReinstateOutcome::Reinstated(asset) => {
             count(REINSTATEMENTS, "reinstated");
@@ -264,8 +261,7 @@ pub async fn reinstate_asset(
 /// Read an asset with its effective status.
 #[utoipa::path(
     tag = "assets",
-    operation_id = "get_asset",
-    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")),
+    params(AssetPath),
     responses(
         (status = 200, description = "The asset", body = Asset),
     )
@@ -274,9 +270,9 @@ pub async fn reinstate_asset(
 pub async fn get_asset(
     caller: Caller,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    asset: AssetPath,
 ) -> Result<HttpResponse, ApiError> {
-    let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    let id = asset.0;
     match state.store.get_asset(&id).await? {
         Some(asset) => {
             let asset = asset.seen_by(caller.owner_filter().as_deref());
@@ -312,7 +308,6 @@ const LIMIT_DEFAULT: i64 = 50;
 /// List assets in id order, optionally by effective status (keyset paging).
 #[utoipa::path(
     tag = "assets",
-    operation_id = "list_assets",
     params(ListAssetsQuery),
     responses(
         (status = 200, description = "One page of assets", body = AssetList),
@@ -392,7 +387,6 @@ pub struct AssetCounts {
 /// Count assets by effective status, for an operator's overview.
 #[utoipa::path(
     tag = "assets",
-    operation_id = "count_assets",
     responses(
         (status = 200, description = "Counts per status", body = AssetCounts),
     )
@@ -440,8 +434,7 @@ const TIMELINE_DEFAULT: i64 = 500;
 /// reservation, buyer or payment.
 #[utoipa::path(
     tag = "assets",
-    operation_id = "list_asset_events",
-    params(("asset_id" = String, Path, description = "The asset's id", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"), TimelineQuery),
+    params(AssetPath, TimelineQuery),
     responses(
         (status = 200, description = "The asset's events", body = EventList),
     )
@@ -450,10 +443,10 @@ const TIMELINE_DEFAULT: i64 = 500;
 pub async fn list_asset_events(
     caller: Caller,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    asset: AssetPath,
     query: web::Query<TimelineQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
+    let id = asset.0;
     let mut v = Validator::default();
     let limit = v
         .check(

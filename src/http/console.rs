@@ -38,7 +38,6 @@ fn file(content_type: &'static str, body: &'static str) -> HttpResponse {
 /// name).
 #[utoipa::path(
     tag = "console",
-    operation_id = "get_console",
     responses((status = 200, description = "The console page", content_type = "text/html", body = String,
         headers(
             ("Content-Security-Policy" = String, description = "Only this origin; no inline code; never framed"),
@@ -53,7 +52,6 @@ pub async fn get_console(_caller: Caller) -> HttpResponse {
 /// The console's stylesheet.
 #[utoipa::path(
     tag = "console",
-    operation_id = "get_console_css",
     responses((status = 200, description = "The stylesheet", content_type = "text/css", body = String,
         headers(
             ("Content-Security-Policy" = String, description = "Only this origin; no inline code; never framed"),
@@ -68,7 +66,6 @@ pub async fn get_console_css(_caller: Caller) -> HttpResponse {
 /// The console's script.
 #[utoipa::path(
     tag = "console",
-    operation_id = "get_console_js",
     responses((status = 200, description = "The script", content_type = "text/javascript", body = String,
         headers(
             ("Content-Security-Policy" = String, description = "Only this origin; no inline code; never framed"),

@@ -5,7 +5,8 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 
 use crate::reply::{self, ErrorCode, Problem, Reply};
-use crate::store::StoreError;
+use crate::store::{Keyed, StoreError};
+use crate::telemetry::count;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -131,4 +132,28 @@ pub fn respond(reply: Reply) -> HttpResponse {
         response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECONDS));
     }
     response.body(reply.body)
+}
+
+/// The answer to a request with an `Idempotency-Key`, counted under
+/// `metric` by its outcome: a stored answer sent again (`replayed`), a key
+/// used for another request (`rejected`, 422), a target that does not exist
+/// (`not_found`, the problem `missing` makes), or the request's own outcome
+/// as `own` answers and labels it.
+pub fn keyed<T>(
+    metric: &'static str,
+    outcome: Keyed<T>,
+    missing: fn() -> Problem,
+    own: impl FnOnce(T) -> (&'static str, Reply),
+) -> Result<HttpResponse, ApiError> {
+    let (label, reply) = match outcome {
+        Keyed::Done(done) => own(done),
+        Keyed::Replayed(reply) => {
+            metrics::counter!("holdfast_idempotency_replays_total").increment(1);
+            ("replayed", reply)
+        }
+        Keyed::KeyReused => ("rejected", reply::key_reused().into_reply()),
+        Keyed::NotFound => ("not_found", missing().into_reply()),
+    };
+    count(metric, label);
+    Ok(respond(reply))
 }

@@ -9,8 +9,9 @@ use utoipa::{IntoParams, ToSchema};
 use super::access::Caller;
 use super::error::{respond, ApiError};
 use super::extract::{page_limit, Validator};
+use super::paths::EventPath;
 use super::AppState;
-use crate::domain::{Event, EventId};
+use crate::domain::Event;
 use crate::reply::{self, Reply};
 use crate::store::FeedCursor;
 
@@ -87,7 +88,6 @@ fn page(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
 /// (`data` is an EventSummary), without reservation, buyer or payment.
 #[utoipa::path(
     tag = "events",
-    operation_id = "list_events",
     params(FeedQuery),
     responses((status = 200, description = "One page of the feed", body = EventPage))
 )]
@@ -110,7 +110,6 @@ pub async fn list_events(
 /// Events whose delivery failed too often and was given up, oldest first.
 #[utoipa::path(
     tag = "events",
-    operation_id = "list_dead_events",
     params(FeedQuery),
     responses((status = 200, description = "One page of dead events", body = EventPage))
 )]
@@ -127,18 +126,16 @@ pub async fn list_dead_events(
 /// Deliver an event again (dead or not): its attempts start over.
 #[utoipa::path(
     tag = "events",
-    operation_id = "redeliver_event",
-    params(("event_id" = String, Path, description = "evt_ followed by a ULID", pattern = "^evt_[0-9A-HJKMNP-TV-Z]{26}$")),
+    params(EventPath),
     responses((status = 202, description = "Scheduled for delivery", body = Event))
 )]
 #[post("/v1/events/{event_id}/redeliver")]
 pub async fn redeliver_event(
     _caller: Caller,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    event: EventPath,
 ) -> Result<HttpResponse, ApiError> {
-    let id = EventId::parse(&path).ok_or_else(reply::event_not_found)?;
-    match state.store.redeliver(&id).await? {
+    match state.store.redeliver(&event.0).await? {
         Some(event) => Ok(respond(Reply::json(202, &event))),
         None => Err(reply::event_not_found().into()),
     }

@@ -86,7 +86,7 @@ impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest for JsonBo
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let limit = req
             .app_data::<web::Data<AppState>>()
-            .map(|s| s.config.max_body_bytes)
+            .map(|s| s.api.max_body_bytes)
             .unwrap_or(16 * 1024);
         let declared_too_large = req
             .headers()
@@ -260,6 +260,11 @@ impl Validator {
                 None
             }
         }
+    }
+
+    /// The 422 of the fields that failed (called once a check did).
+    pub fn failed(self) -> ApiError {
+        reply::validation_failed(self.errors).into()
     }
 
     pub fn finish(self) -> Result<(), ApiError> {

@@ -23,7 +23,6 @@ pub struct Health {
 /// The process is alive.
 #[utoipa::path(
     tag = "operations",
-    operation_id = "get_health",
     responses((status = 200, description = "Alive", body = Health))
 )]
 #[get("/healthz")]
@@ -34,7 +33,6 @@ pub async fn get_health() -> HttpResponse {
 /// The database answers: the service can take traffic.
 #[utoipa::path(
     tag = "operations",
-    operation_id = "get_readiness",
     responses(
         (status = 200, description = "Ready", body = Health),
     )

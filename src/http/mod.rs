@@ -11,6 +11,7 @@ mod extract;
 mod health;
 mod observe;
 pub mod operations;
+mod paths;
 mod payments;
 mod refunds;
 mod reservations;
@@ -24,8 +25,10 @@ use utoipa::{OpenApi, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::AppExt;
 
-use crate::config::Config;
-use crate::domain::{Asset, AssetStatus, EventSummary, FieldError, Payment, Refund, Reservation};
+use crate::config::LateCommit;
+use crate::domain::{
+    Asset, AssetStatus, EventSummary, FieldError, HoldBounds, Payment, Refund, Reservation,
+};
 use crate::reply::{ErrorCode, Problem};
 use crate::store::Store;
 pub use error::{respond, ApiError, PROBLEM_JSON};
@@ -34,9 +37,23 @@ pub use extract::canonical_json;
 /// What every handler can reach.
 pub struct AppState {
     pub store: Store,
-    pub config: Config,
+    pub api: ApiSettings,
     /// The OpenAPI document, rendered once.
     pub openapi_json: String,
+}
+
+/// The settings the HTTP layer applies to requests.
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    pub hold_bounds: HoldBounds,
+    /// No hold may last longer than this from its creation.
+    pub hold_max_total_seconds: i64,
+    pub late_commit: LateCommit,
+    /// Most live holds one (client, buyer) may have; `None` for no limit.
+    pub max_live_holds: Option<i64>,
+    pub max_body_bytes: usize,
+    /// Origins allowed from browsers; `None` turns CORS off.
+    pub cors_origins: Option<Vec<String>>,
 }
 
 /// An RFC 9457 problem as holdfast sends it (`application/problem+json`).
@@ -169,8 +186,8 @@ pub fn app(
         InitError = (),
     >,
 > {
-    let limit = state.config.max_body_bytes;
-    let cors = cors(&state.config);
+    let limit = state.api.max_body_bytes;
+    let cors = cors(state.api.cors_origins.as_deref());
     let (app, _) = actix_web::App::new()
         .into_utoipa_app()
         .configure(configure)
@@ -205,8 +222,8 @@ pub fn app(
 }
 
 /// CORS for browser front ends, when origins are configured.
-fn cors(config: &Config) -> Option<actix_cors::Cors> {
-    let origins = config.cors_origins()?;
+fn cors(origins: Option<&[String]>) -> Option<actix_cors::Cors> {
+    let origins = origins?;
     let mut cors = actix_cors::Cors::default()
         .allowed_methods(["GET", "POST"])
         .allowed_headers([
@@ -223,7 +240,7 @@ fn cors(config: &Config) -> Option<actix_cors::Cors> {
         ])
         .max_age(600);
     for origin in origins {
-        cors = cors.allowed_origin(&origin);
+        cors = cors.allowed_origin(origin);
     }
     Some(cors)
 }
@@ -231,7 +248,6 @@ fn cors(config: &Config) -> Option<actix_cors::Cors> {
 /// This document (OpenAPI 3.1).
 #[utoipa::path(
     tag = "operations",
-    operation_id = "get_openapi",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object))
 )]
 #[get("/openapi.json")]
@@ -244,7 +260,6 @@ async fn get_openapi(state: web::Data<AppState>) -> HttpResponse {
 /// Prometheus metrics, in the text exposition format.
 #[utoipa::path(
     tag = "operations",
-    operation_id = "get_metrics",
     responses((status = 200, description = "Every metric (see the README's Operations section)", content_type = "text/plain", body = String))
 )]
 #[get("/metrics")]
@@ -257,7 +272,6 @@ async fn get_metrics(state: web::Data<AppState>) -> HttpResponse {
 /// The interactive documentation (Swagger UI, served offline) lives at `/docs/`.
 #[utoipa::path(
     tag = "operations",
-    operation_id = "get_docs",
     responses((status = 308, description = "Redirect to /docs/", headers(("Location" = String, description = "/docs/"))))
 )]
 #[get("/docs")]

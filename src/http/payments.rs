@@ -7,8 +7,9 @@ use utoipa::IntoParams;
 
 use super::access::Caller;
 use super::error::{respond, ApiError};
+use super::paths::PaymentPath;
 use super::AppState;
-use crate::domain::{FieldError, Payment, PaymentReference};
+use crate::domain::{FieldError, Payment};
 use crate::keys::Role;
 use crate::reply::{self, Reply};
 
@@ -28,21 +29,17 @@ pub struct PaymentQuery {
 /// scoped count for every client.
 #[utoipa::path(
     tag = "payments",
-    operation_id = "get_payment",
-    params(
-        ("payment_reference" = String, Path, description = "The payment system's reference", min_length = 1, max_length = 128, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$"),
-        PaymentQuery,
-    ),
+    params(PaymentPath, PaymentQuery),
     responses((status = 200, description = "The payment and its fate", body = Payment))
 )]
 #[get("/v1/payments/{payment_reference}")]
 pub async fn get_payment(
     caller: Caller,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    payment: PaymentPath,
     query: web::Query<PaymentQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let reference = PaymentReference::parse(&path).map_err(|_| reply::payment_not_found())?;
+    let reference = payment.0;
     let scope = match (caller.role, &query.client) {
         // Admins (and open mode) may name any client, or ask across all.
         (Some(Role::Admin) | None, client) => client.as_deref(),

@@ -6,8 +6,9 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
 use super::docs::IdempotencyKeyParam;
-use super::error::{respond, ApiError};
+use super::error::{keyed, respond, ApiError};
 use super::extract::{page_limit, IdempotencyKeyHeader, JsonBody, Validator};
+use super::paths::RefundPath;
 use super::AppState;
 use crate::domain::{Refund, RefundId, RefundStatus};
 use crate::reply::{self, Reply};
@@ -44,7 +45,6 @@ const LIMIT_DEFAULT: i64 = 50;
 /// Refunds in creation order (keyset paged), for reconciliation.
 #[utoipa::path(
     tag = "refunds",
-    operation_id = "list_refunds",
     params(ListRefundsQuery),
     responses((status = 200, description = "One page of refunds", body = RefundList))
 )]
@@ -109,11 +109,7 @@ pub async fn list_refunds(
 /// The payment system reports a refund paid back: REQUESTED becomes COMPLETED.
 #[utoipa::path(
     tag = "refunds",
-    operation_id = "complete_refund",
-    params(
-        ("refund_id" = String, Path, description = "rf_ followed by a ULID", pattern = "^rf_[0-9A-HJKMNP-TV-Z]{26}$"),
-        IdempotencyKeyParam,
-    ),
+    params(RefundPath, IdempotencyKeyParam),
     request_body(content = Option<CompleteRefundBody>, description = "No body, or {}"),
     responses(
         (status = 200, description = "COMPLETED (now, before, or a replay)", body = Refund,
@@ -126,26 +122,28 @@ pub async fn complete_refund(
     state: web::Data<AppState>,
     req: HttpRequest,
     key: IdempotencyKeyHeader,
-    path: web::Path<String>,
+    refund: RefundPath,
     body: JsonBody<CompleteRefundBody, true>,
 ) -> Result<HttpResponse, ApiError> {
-    let refund_id = RefundId::parse(&path).ok_or_else(reply::refund_not_found)?;
     let request = CompleteRefundRequest {
-        refund_id,
+        refund_id: refund.0,
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
-    Ok(match state.store.complete_refund(&request).await? {
-        CompleteRefundOutcome::Completed(reply) => {
-            metrics::counter!("holdfast_refunds_completed_total").increment(1);
-            tracing::info!(refund_id = %request.refund_id, "refund completed");
-            respond(reply)
-        }
-        CompleteRefundOutcome::Replayed(reply) => {
-            metrics::counter!("holdfast_idempotency_replays_total").increment(1);
-            respond(reply)
-        }
-        CompleteRefundOutcome::AlreadyCompleted(refund) => respond(Reply::json(200, &refund)),
-        CompleteRefundOutcome::KeyReused => return Err(reply::key_reused().into()),
-        CompleteRefundOutcome::NotFound => return Err(reply::refund_not_found().into()),
-    })
+    let outcome = state.store.complete_refund(&request).await?;
+    let metric = "holdfast_refund_completions_total";
+    keyed(
+        metric,
+        outcome,
+        reply::refund_not_found,
+        |completed| match completed {
+            CompleteRefundOutcome::Completed(reply) => {
+                metrics::counter!("holdfast_refunds_completed_total").increment(1);
+                tracing::info!(refund_id = %request.refund_id, "refund completed");
+                ("completed", reply)
+            }
+            CompleteRefundOutcome::AlreadyCompleted(refund) => {
+                ("unchanged", Reply::json(200, &refund))
+            }
+        },
+    )
 }

@@ -1,4 +1,5 @@
-//! Reservations: hold, read, commit, release. Every POST takes an Idempotency-Key.
+//! Reservations: hold, read, commit, release, extend, void, list. Every POST
+//! takes an Idempotency-Key.
 
 use actix_web::{get, post, web, HttpRequest, HttpResponse};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -8,20 +9,19 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
 use super::docs::IdempotencyKeyParam;
-use super::error::{respond, ApiError};
+use super::error::{keyed, respond, ApiError};
 use super::extract::{page_limit, IdempotencyKeyHeader, JsonBody, Validator};
+use super::paths::{AssetPath, ReservationPath};
 use super::AppState;
 use crate::config::LateCommit;
-use crate::domain::RefundReason;
 use crate::domain::{
-    AssetId, BuyerId, PaymentReference, Reservation, ReservationId, ReservationStatus,
+    AssetId, BuyerId, PaymentReference, RefundReason, Reservation, ReservationId, ReservationStatus,
 };
 use crate::reply::{self, Reply};
 use crate::store::{
     CommitOutcome, CommitRequest, ExtendOutcome, ExtendRequest, HoldOutcome, HoldRequest,
     ReleaseOutcome, ReleaseRequest, ReservationPage, VoidOutcome, VoidRequest,
 };
-use crate::telemetry::count;
 
 /// A buyer's request to hold an asset.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -63,18 +63,10 @@ pub struct CommitReservationRequest {
 #[serde(deny_unknown_fields)]
 pub struct ReleaseReservationRequest {}
 
-fn reservation_id(path: &str) -> Result<ReservationId, ApiError> {
-    ReservationId::parse(path).ok_or_else(|| reply::reservation_not_found().into())
-}
-
 /// Hold an asset for a buyer. One winner per asset; everyone else gets 409 at once.
 #[utoipa::path(
     tag = "reservations",
-    operation_id = "hold_asset",
-    params(
-        ("asset_id" = String, Path, description = "The asset to hold", pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"),
-        IdempotencyKeyParam,
-    ),
+    params(AssetPath, IdempotencyKeyParam),
     request_body = HoldAssetRequest,
     responses(
         (status = 201, description = "Held", body = Reservation,
@@ -89,76 +81,64 @@ pub async fn hold_asset(
     state: web::Data<AppState>,
     req: HttpRequest,
     key: IdempotencyKeyHeader,
-    path: web::Path<String>,
+    asset: AssetPath,
     body: JsonBody<HoldAssetRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let mut v = Validator::default();
     let buyer_id = v.check("buyer_id", BuyerId::parse(&body.value.buyer_id));
     let hold_seconds = v.check(
         "hold_seconds",
-        state
-            .config
-            .hold_bounds()
-            .hold_seconds(body.value.hold_seconds),
+        state.api.hold_bounds.hold_seconds(body.value.hold_seconds),
     );
-    v.finish()?;
     let (Some(buyer_id), Some(hold_seconds)) = (buyer_id, hold_seconds) else {
-        return Err(reply::validation_failed(Vec::new()).into());
+        return Err(v.failed());
     };
-    let asset_id = AssetId::parse(&path).map_err(|_| reply::asset_not_found())?;
     let span = tracing::Span::current();
-    span.record("asset_id", asset_id.as_str());
+    span.record("asset_id", asset.0.as_str());
     span.record("idempotency_key", key.0.as_str());
     let request = HoldRequest {
-        asset_id,
+        asset_id: asset.0,
         buyer_id,
         hold_seconds,
         owner: caller.name.clone(),
-        max_live_holds: state.config.max_live_holds(),
+        max_live_holds: state.api.max_live_holds,
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
-    Ok(match state.store.hold(&request).await? {
-        HoldOutcome::Created(reply) => {
-            count("holdfast_holds_total", "created");
-            tracing::info!(
-                location = reply.location.as_deref(),
-                buyer_id = request.buyer_id.as_str(),
-                "asset held"
-            );
-            respond(reply)
-        }
-        HoldOutcome::Replayed(reply) => replayed("holdfast_holds_total", reply),
-        HoldOutcome::KeyReused => {
-            count("holdfast_holds_total", "rejected");
-            return Err(reply::key_reused().into());
-        }
-        HoldOutcome::NotFound => {
-            count("holdfast_holds_total", "not_found");
-            return Err(reply::asset_not_found().into());
-        }
-        HoldOutcome::Unavailable {
-            status,
-            hold_expires_at,
-        } => {
-            count("holdfast_holds_total", "conflict");
-            respond(reply::asset_unavailable_reply(status, hold_expires_at))
-        }
-        HoldOutcome::SaleNotOpen { available_from } => {
-            count("holdfast_holds_total", "not_open");
-            return Err(reply::sale_not_open(available_from).into());
-        }
-        HoldOutcome::LimitReached { limit } => {
-            count("holdfast_holds_total", "limit_reached");
-            return Err(reply::hold_limit_reached(limit).into());
-        }
-    })
+    let outcome = state.store.hold(&request).await?;
+    keyed(
+        "holdfast_holds_total",
+        outcome,
+        reply::asset_not_found,
+        |held| match held {
+            HoldOutcome::Created(reply) => {
+                let buyer = request.buyer_id.as_str();
+                let location = reply.location.as_deref();
+                tracing::info!(location, buyer_id = buyer, "asset held");
+                ("created", reply)
+            }
+            HoldOutcome::Unavailable {
+                status,
+                hold_expires_at,
+            } => (
+                "conflict",
+                reply::asset_unavailable_reply(status, hold_expires_at),
+            ),
+            HoldOutcome::SaleNotOpen { available_from } => (
+                "not_open",
+                reply::sale_not_open(available_from).into_reply(),
+            ),
+            HoldOutcome::LimitReached { limit } => (
+                "limit_reached",
+                reply::hold_limit_reached(limit).into_reply(),
+            ),
+        },
+    )
 }
 
 /// Read a reservation with its effective status and refunds.
 #[utoipa::path(
     tag = "reservations",
-    operation_id = "get_reservation",
-    params(("reservation_id" = String, Path, description = "res_ followed by a ULID", pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$")),
+    params(ReservationPath),
     responses(
         (status = 200, description = "The reservation", body = Reservation),
     )
@@ -167,15 +147,14 @@ pub async fn hold_asset(
 pub async fn get_reservation(
     caller: Caller,
     state: web::Data<AppState>,
-    path: web::Path<String>,
+    reservation: ReservationPath,
 ) -> Result<HttpResponse, ApiError> {
-    let id = reservation_id(&path)?;
     // Another storefront's reservation does not exist for this caller: the
     // query itself filters by owner, so it costs what a missing one costs.
     let visible_to = caller.owner_filter();
     match state
         .store
-        .get_reservation(&id, visible_to.as_deref())
+        .get_reservation(&reservation.0, visible_to.as_deref())
         .await?
     {
         Some(r) => Ok(respond(Reply::json(200, &r))),
@@ -205,11 +184,7 @@ pub async fn get_reservation(
 /// answers its fate.
 #[utoipa::path(
     tag = "reservations",
-    operation_id = "commit_reservation",
-    params(
-        ("reservation_id" = String, Path, description = "res_ followed by a ULID", pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$"),
-        IdempotencyKeyParam,
-    ),
+    params(ReservationPath, IdempotencyKeyParam),
     request_body = CommitReservationRequest,
     responses(
         (status = 200, description = "COMMITTED (or already committed with this payment, or a replay)", body = Reservation,
@@ -222,7 +197,7 @@ pub async fn commit_reservation(
     state: web::Data<AppState>,
     req: HttpRequest,
     key: IdempotencyKeyHeader,
-    path: web::Path<String>,
+    reservation: ReservationPath,
     body: JsonBody<CommitReservationRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let mut v = Validator::default();
@@ -230,75 +205,54 @@ pub async fn commit_reservation(
         "payment_reference",
         PaymentReference::parse(&body.value.payment_reference),
     );
-    v.finish()?;
     let Some(payment_reference) = payment else {
-        return Err(reply::validation_failed(Vec::new()).into());
+        return Err(v.failed());
     };
     let request = CommitRequest {
-        reservation_id: record_reservation(reservation_id(&path)?, &key),
+        reservation_id: record_reservation(reservation.0, &key),
         payment_reference,
         payment_scope: caller.name.clone(),
         idempotency: caller.idempotency(key, &req, &body.canonical),
-        accept_late: state.config.late_commit == LateCommit::AcceptIfFree,
+        accept_late: state.api.late_commit == LateCommit::AcceptIfFree,
     };
-    const COMMITS: &str = "holdfast_commits_total";
-    Ok(match state.store.commit(&request).await? {
-        CommitOutcome::Committed(reply) => {
-            count(COMMITS, "committed");
-            tracing::info!("reservation committed; asset sold");
-            respond(reply)
-        }
-        CommitOutcome::CommittedLate(reply) => {
-            count(COMMITS, "committed_late");
-            tracing::info!("late payment accepted; asset was free and is sold");
-            respond(reply)
-        }
-        CommitOutcome::Refunded { reply, reason } => {
-            count(COMMITS, refusal(reason));
-            metrics::counter!("holdfast_refunds_requested_total", "reason" => reason.as_str())
-                .increment(1);
-            tracing::info!(reason = reason.as_str(), "commit refused; refund requested");
-            respond(reply)
-        }
-        CommitOutcome::Refused { reply, reason } => {
-            count(COMMITS, refusal(reason));
-            respond(reply)
-        }
-        CommitOutcome::Replayed(reply) => replayed(COMMITS, reply),
-        CommitOutcome::AlreadyCommitted(r) => {
-            count(COMMITS, "unchanged");
-            respond(reply::reservation_ok(&r))
-        }
-        CommitOutcome::SaleVoided(reply) => {
-            count(COMMITS, "not_active");
-            respond(reply)
-        }
-        CommitOutcome::PaymentReferenceUsed {
-            reservation,
-            payment,
-        } => {
-            count(COMMITS, "payment_reference_used");
-            respond(reply::payment_reference_used(&reservation, &payment).into_reply())
-        }
-        CommitOutcome::KeyReused => {
-            count(COMMITS, "rejected");
-            return Err(reply::key_reused().into());
-        }
-        CommitOutcome::NotFound => {
-            count(COMMITS, "not_found");
-            return Err(reply::reservation_not_found().into());
-        }
-    })
+    let outcome = state.store.commit(&request).await?;
+    keyed(
+        "holdfast_commits_total",
+        outcome,
+        reply::reservation_not_found,
+        |committed| match committed {
+            CommitOutcome::Committed(reply) => {
+                tracing::info!("reservation committed; asset sold");
+                ("committed", reply)
+            }
+            CommitOutcome::CommittedLate(reply) => {
+                tracing::info!("late payment accepted; asset was free and is sold");
+                ("committed_late", reply)
+            }
+            CommitOutcome::Refunded { reply, reason } => {
+                metrics::counter!("holdfast_refunds_requested_total", "reason" => reason.as_str())
+                    .increment(1);
+                tracing::info!(reason = reason.as_str(), "commit refused; refund requested");
+                (refusal(reason), reply)
+            }
+            CommitOutcome::Refused { reply, reason } => (refusal(reason), reply),
+            CommitOutcome::SaleVoided(reply) => ("not_active", reply),
+            CommitOutcome::AlreadyCommitted(r) => ("unchanged", reply::reservation_ok(&r)),
+            CommitOutcome::PaymentReferenceUsed {
+                reservation,
+                payment,
+            } => (
+                "payment_reference_used",
+                reply::payment_reference_used(&reservation, &payment).into_reply(),
+            ),
+        },
+    )
 }
 
 /// Release a hold: the asset is AVAILABLE at once.
 #[utoipa::path(
     tag = "reservations",
-    operation_id = "release_reservation",
-    params(
-        ("reservation_id" = String, Path, description = "res_ followed by a ULID", pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$"),
-        IdempotencyKeyParam,
-    ),
+    params(ReservationPath, IdempotencyKeyParam),
     request_body(content = Option<ReleaseReservationRequest>, description = "No body, or {}"),
     responses(
         (status = 200, description = "RELEASED (or released before, or a replay)", body = Reservation,
@@ -311,39 +265,30 @@ pub async fn release_reservation(
     state: web::Data<AppState>,
     req: HttpRequest,
     key: IdempotencyKeyHeader,
-    path: web::Path<String>,
+    reservation: ReservationPath,
     body: JsonBody<ReleaseReservationRequest, true>,
 ) -> Result<HttpResponse, ApiError> {
     let request = ReleaseRequest {
-        reservation_id: record_reservation(reservation_id(&path)?, &key),
+        reservation_id: record_reservation(reservation.0, &key),
         visible_to: caller.owner_filter(),
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
-    const RELEASES: &str = "holdfast_releases_total";
-    Ok(match state.store.release(&request).await? {
-        ReleaseOutcome::Released(reply) => {
-            count(RELEASES, "released");
-            tracing::info!("reservation released; asset available");
-            respond(reply)
-        }
-        ReleaseOutcome::Replayed(reply) => replayed(RELEASES, reply),
-        ReleaseOutcome::AlreadyReleased(r) => {
-            count(RELEASES, "unchanged");
-            respond(reply::reservation_ok(&r))
-        }
-        ReleaseOutcome::NotActive(r) => {
-            count(RELEASES, "not_active");
-            respond(reply::reservation_not_active(&r).into_reply())
-        }
-        ReleaseOutcome::KeyReused => {
-            count(RELEASES, "rejected");
-            return Err(reply::key_reused().into());
-        }
-        ReleaseOutcome::NotFound => {
-            count(RELEASES, "not_found");
-            return Err(reply::reservation_not_found().into());
-        }
-    })
+    let outcome = state.store.release(&request).await?;
+    keyed(
+        "holdfast_releases_total",
+        outcome,
+        reply::reservation_not_found,
+        |released| match released {
+            ReleaseOutcome::Released(reply) => {
+                tracing::info!("reservation released; asset available");
+                ("released", reply)
+            }
+            ReleaseOutcome::AlreadyReleased(r) => ("unchanged", reply::reservation_ok(&r)),
+            ReleaseOutcome::NotActive(r) => {
+                ("not_active", reply::reservation_not_active(&r).into_reply())
+            }
+        },
+    )
 }
 
 /// How much longer a live hold should run.
@@ -365,11 +310,7 @@ pub struct ExtendReservationRequest {
 /// HOLD_EXTENSION_LIMIT. Event `reservation.extended`.
 #[utoipa::path(
     tag = "reservations",
-    operation_id = "extend_reservation",
-    params(
-        ("reservation_id" = String, Path, description = "res_ followed by a ULID", pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$"),
-        IdempotencyKeyParam,
-    ),
+    params(ReservationPath, IdempotencyKeyParam),
     request_body = ExtendReservationRequest,
     responses(
         (status = 200, description = "The hold with its new expiry (or a replay)", body = Reservation,
@@ -382,54 +323,46 @@ pub async fn extend_reservation(
     state: web::Data<AppState>,
     req: HttpRequest,
     key: IdempotencyKeyHeader,
-    path: web::Path<String>,
+    reservation: ReservationPath,
     body: JsonBody<ExtendReservationRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let mut v = Validator::default();
     let hold_seconds = v.check(
         "hold_seconds",
         state
-            .config
-            .hold_bounds()
+            .api
+            .hold_bounds
             .hold_seconds(Some(body.value.hold_seconds)),
     );
-    v.finish()?;
     let Some(hold_seconds) = hold_seconds else {
-        return Err(reply::validation_failed(Vec::new()).into());
+        return Err(v.failed());
     };
     let request = ExtendRequest {
-        reservation_id: record_reservation(reservation_id(&path)?, &key),
+        reservation_id: record_reservation(reservation.0, &key),
         hold_seconds,
-        max_total_seconds: state.config.hold_max_total_seconds,
+        max_total_seconds: state.api.hold_max_total_seconds,
         visible_to: caller.owner_filter(),
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
-    const EXTENSIONS: &str = "holdfast_extensions_total";
-    Ok(match state.store.extend(&request).await? {
-        ExtendOutcome::Extended(reply) => {
-            count(EXTENSIONS, "extended");
-            tracing::info!(hold_seconds, "hold extended");
-            respond(reply)
-        }
-        ExtendOutcome::Replayed(reply) => replayed(EXTENSIONS, reply),
-        ExtendOutcome::NotActive(r) => {
-            count(EXTENSIONS, "not_active");
-            respond(reply::reservation_not_active(&r).into_reply())
-        }
-        ExtendOutcome::LimitReached(r) => {
-            count(EXTENSIONS, "limit_reached");
-            let problem = reply::hold_extension_limit(&r, request.max_total_seconds);
-            respond(problem.into_reply())
-        }
-        ExtendOutcome::KeyReused => {
-            count(EXTENSIONS, "rejected");
-            return Err(reply::key_reused().into());
-        }
-        ExtendOutcome::NotFound => {
-            count(EXTENSIONS, "not_found");
-            return Err(reply::reservation_not_found().into());
-        }
-    })
+    let outcome = state.store.extend(&request).await?;
+    keyed(
+        "holdfast_extensions_total",
+        outcome,
+        reply::reservation_not_found,
+        |extended| match extended {
+            ExtendOutcome::Extended(reply) => {
+                tracing::info!(hold_seconds, "hold extended");
+                ("extended", reply)
+            }
+            ExtendOutcome::NotActive(r) => {
+                ("not_active", reply::reservation_not_active(&r).into_reply())
+            }
+            ExtendOutcome::LimitReached(r) => (
+                "limit_reached",
+                reply::hold_extension_limit(&r, request.max_total_seconds).into_reply(),
+            ),
+        },
+    )
 }
 
 /// Voiding takes no body, `{}`, or `{"refund": false}`.
@@ -464,11 +397,7 @@ fn yes() -> bool {
 /// API key that voided it as `actor`.
 #[utoipa::path(
     tag = "reservations",
-    operation_id = "void_reservation",
-    params(
-        ("reservation_id" = String, Path, description = "res_ followed by a ULID", pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$"),
-        IdempotencyKeyParam,
-    ),
+    params(ReservationPath, IdempotencyKeyParam),
     request_body(content = Option<VoidReservationRequest>, description = "Optional"),
     responses(
         (status = 200, description = "VOIDED, with its refund (or voided before, or a replay)", body = Reservation,
@@ -481,40 +410,31 @@ pub async fn void_reservation(
     state: web::Data<AppState>,
     req: HttpRequest,
     key: IdempotencyKeyHeader,
-    path: web::Path<String>,
+    reservation: ReservationPath,
     body: JsonBody<VoidReservationRequest, true>,
 ) -> Result<HttpResponse, ApiError> {
     let request = VoidRequest {
-        reservation_id: record_reservation(reservation_id(&path)?, &key),
+        reservation_id: record_reservation(reservation.0, &key),
         refund: body.value.refund,
         actor: caller.name.clone(),
         idempotency: caller.idempotency(key, &req, &body.canonical),
     };
-    const VOIDS: &str = "holdfast_voids_total";
-    Ok(match state.store.void(&request).await? {
-        VoidOutcome::Voided(reply) => {
-            count(VOIDS, "voided");
-            tracing::info!(refund = request.refund, "sale voided; asset available");
-            respond(reply)
-        }
-        VoidOutcome::Replayed(reply) => replayed(VOIDS, reply),
-        VoidOutcome::AlreadyVoided(r) => {
-            count(VOIDS, "unchanged");
-            respond(reply::reservation_ok(&r))
-        }
-        VoidOutcome::NotActive(r) => {
-            count(VOIDS, "not_active");
-            respond(reply::reservation_not_active(&r).into_reply())
-        }
-        VoidOutcome::KeyReused => {
-            count(VOIDS, "rejected");
-            return Err(reply::key_reused().into());
-        }
-        VoidOutcome::NotFound => {
-            count(VOIDS, "not_found");
-            return Err(reply::reservation_not_found().into());
-        }
-    })
+    let outcome = state.store.void(&request).await?;
+    keyed(
+        "holdfast_voids_total",
+        outcome,
+        reply::reservation_not_found,
+        |voided| match voided {
+            VoidOutcome::Voided(reply) => {
+                tracing::info!(refund = request.refund, "sale voided; asset available");
+                ("voided", reply)
+            }
+            VoidOutcome::AlreadyVoided(r) => ("unchanged", reply::reservation_ok(&r)),
+            VoidOutcome::NotActive(r) => {
+                ("not_active", reply::reservation_not_active(&r).into_reply())
+            }
+        },
+    )
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -546,7 +466,6 @@ pub struct ReservationList {
 /// effective status. A storefront key sees the reservations it made.
 #[utoipa::path(
     tag = "reservations",
-    operation_id = "list_reservations",
     params(ListReservationsQuery),
     responses(
         (status = 200, description = "One page of reservations", body = ReservationList),
@@ -640,12 +559,6 @@ fn record_reservation(id: ReservationId, key: &IdempotencyKeyHeader) -> Reservat
     span.record("reservation_id", id.to_string());
     span.record("idempotency_key", key.0.as_str());
     id
-}
-
-fn replayed(metric: &'static str, reply: Reply) -> HttpResponse {
-    count(metric, "replayed");
-    metrics::counter!("holdfast_idempotency_replays_total").increment(1);
-    respond(reply)
 }
 
 /// The commit outcome label of a refused payment.

@@ -14,7 +14,7 @@ use super::error::is_unique_violation;
 use super::rows::{NewEvent, PaymentRow};
 use super::{
     CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, ExtendOutcome,
-    ExtendRequest, HoldOutcome, HoldRequest, Idempotency, ReinstateOutcome, ReleaseOutcome,
+    ExtendRequest, HoldOutcome, HoldRequest, Idempotency, Keyed, ReinstateOutcome, ReleaseOutcome,
     ReleaseRequest, StoreError, StoreResult, StoredAnswer, SweepReport, VoidOutcome, VoidRequest,
     WithdrawOutcome,
 };
@@ -342,11 +342,11 @@ async fn find_reservation<B: Backend>(
 
 /// The outcome of a keyed request that found its answer or nothing.
 macro_rules! found_or_return {
-    ($found:expr, $outcome:ident) => {
+    ($found:expr) => {
         match $found {
-            Found::Answered(Ok(reply)) => return Ok($outcome::Replayed(reply)),
-            Found::Answered(Err(())) => return Ok($outcome::KeyReused),
-            Found::Missing => return Ok($outcome::NotFound),
+            Found::Answered(Ok(reply)) => return Ok(Keyed::Replayed(reply)),
+            Found::Answered(Err(())) => return Ok(Keyed::KeyReused),
+            Found::Missing => return Ok(Keyed::NotFound),
             Found::Reservation(reservation, now) => (reservation, now),
         }
     };
@@ -356,30 +356,33 @@ fn contention(context: &'static str) -> StoreError {
     StoreError::unavailable(context, "the row kept changing under concurrent requests")
 }
 
-pub(crate) async fn hold<B: Backend>(backend: &B, req: &HoldRequest) -> StoreResult<HoldOutcome> {
+pub(crate) async fn hold<B: Backend>(
+    backend: &B,
+    req: &HoldRequest,
+) -> StoreResult<Keyed<HoldOutcome>> {
     for _ in 0..MAX_ATTEMPTS {
         let snap = backend
             .hold_snapshot(&req.asset_id, &req.idempotency)
             .await?;
         if let Some(stored) = snap.stored {
             return Ok(match replay_or_reused(stored, &req.idempotency) {
-                Ok(reply) => HoldOutcome::Replayed(reply),
-                Err(()) => HoldOutcome::KeyReused,
+                Ok(reply) => Keyed::Replayed(reply),
+                Err(()) => Keyed::KeyReused,
             });
         }
         let reclaim = match hold_decision(snap.row, snap.now) {
-            HoldDecision::NotFound => return Ok(HoldOutcome::NotFound),
+            HoldDecision::NotFound => return Ok(Keyed::NotFound),
             HoldDecision::SaleNotOpen { available_from } => {
-                return Ok(HoldOutcome::SaleNotOpen { available_from })
+                return Ok(Keyed::Done(HoldOutcome::SaleNotOpen { available_from }))
             }
             HoldDecision::Unavailable {
                 status,
                 hold_expires_at,
             } => {
-                return Ok(HoldOutcome::Unavailable {
+                return Ok(Keyed::Done(HoldOutcome::Unavailable {
                     status,
                     hold_expires_at,
-                })
+                }))
             }
             HoldDecision::Claim => false,
             HoldDecision::Reclaim => true,
@@ -399,11 +402,11 @@ pub(crate) async fn hold<B: Backend>(backend: &B, req: &HoldRequest) -> StoreRes
             event_id: EventId::generate(),
         };
         match backend.claim(&draft, reclaim).await {
-            Ok(Claim::Claimed) => return Ok(HoldOutcome::Created(draft.reply)),
+            Ok(Claim::Claimed) => return Ok(Keyed::Done(HoldOutcome::Created(draft.reply))),
             Ok(Claim::LimitReached) => {
-                return Ok(HoldOutcome::LimitReached {
+                return Ok(Keyed::Done(HoldOutcome::LimitReached {
                     limit: req.max_live_holds.unwrap_or_default(),
-                })
+                }))
             }
             // Taken meanwhile, or the key was used concurrently: look again.
             Ok(Claim::Taken) => continue,
@@ -417,7 +420,7 @@ pub(crate) async fn hold<B: Backend>(backend: &B, req: &HoldRequest) -> StoreRes
 pub(crate) async fn commit<B: Backend>(
     backend: &B,
     req: &CommitRequest,
-) -> StoreResult<CommitOutcome> {
+) -> StoreResult<Keyed<CommitOutcome>> {
     let payment = PaymentKey {
         scope: &req.payment_scope,
         reference: req.payment_reference.as_str(),
@@ -432,7 +435,7 @@ pub(crate) async fn commit<B: Backend>(
             Some(payment),
         )
         .await?;
-        let (reservation, now) = found_or_return!(found, CommitOutcome);
+        let (reservation, now) = found_or_return!(found);
         let id = reservation.reservation_id.clone();
         // Every write below either lands, or finds the state moved (a lost
         // race, a key or a payment taken by a concurrent request) and reads
@@ -502,7 +505,7 @@ pub(crate) async fn commit<B: Backend>(
             }
             CommitDecision::AlreadyCommittedWithThisPayment => {
                 let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(CommitOutcome::AlreadyCommitted(current));
+                return Ok(Keyed::Done(CommitOutcome::AlreadyCommitted(current)));
             }
             CommitDecision::RefundedBefore => {
                 let current = reload(backend, &req.reservation_id, now).await?;
@@ -519,13 +522,13 @@ pub(crate) async fn commit<B: Backend>(
                     })?;
                 let reason = refund.reason;
                 let reply = reply::commit_refused(reason, &current, &refund).into_reply();
-                return Ok(CommitOutcome::Refused { reply, reason });
+                return Ok(Keyed::Done(CommitOutcome::Refused { reply, reason }));
             }
             CommitDecision::SaleVoided => {
                 let current = reload(backend, &req.reservation_id, now).await?;
                 let refund = own_refund(&current, payment);
                 let reply = reply::sale_voided(&current, refund).into_reply();
-                return Ok(CommitOutcome::SaleVoided(reply));
+                return Ok(Keyed::Done(CommitOutcome::SaleVoided(reply)));
             }
             CommitDecision::UsedElsewhere => {
                 let current = reload(backend, &req.reservation_id, now).await?;
@@ -536,14 +539,14 @@ pub(crate) async fn commit<B: Backend>(
                     // unless rows were deleted by hand; read again.
                     continue;
                 };
-                return Ok(CommitOutcome::PaymentReferenceUsed {
+                return Ok(Keyed::Done(CommitOutcome::PaymentReferenceUsed {
                     reservation: Box::new(current),
                     payment: Box::new(payment),
-                });
+                }));
             }
         };
         if let Some(outcome) = moved_on_conflict(written)? {
-            return Ok(outcome);
+            return Ok(Keyed::Done(outcome));
         }
     }
     Err(contention("commit the reservation"))
@@ -600,7 +603,7 @@ pub(crate) async fn payments<B: Backend>(
 pub(crate) async fn release<B: Backend>(
     backend: &B,
     req: &ReleaseRequest,
-) -> StoreResult<ReleaseOutcome> {
+) -> StoreResult<Keyed<ReleaseOutcome>> {
     for _ in 0..MAX_ATTEMPTS {
         let (found, _) = find_reservation(
             backend,
@@ -610,7 +613,7 @@ pub(crate) async fn release<B: Backend>(
             None,
         )
         .await?;
-        let (reservation, now) = found_or_return!(found, ReleaseOutcome);
+        let (reservation, now) = found_or_return!(found);
         match release_decision(reservation.status) {
             ReleaseDecision::Release => {
                 let written = backend
@@ -621,16 +624,16 @@ pub(crate) async fn release<B: Backend>(
                     )
                     .await;
                 if let Some(reply) = moved_on_conflict(written)? {
-                    return Ok(ReleaseOutcome::Released(reply));
+                    return Ok(Keyed::Done(ReleaseOutcome::Released(reply)));
                 }
             }
             ReleaseDecision::AlreadyReleased => {
                 let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(ReleaseOutcome::AlreadyReleased(current));
+                return Ok(Keyed::Done(ReleaseOutcome::AlreadyReleased(current)));
             }
             ReleaseDecision::NotActive => {
                 let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(ReleaseOutcome::NotActive(current));
+                return Ok(Keyed::Done(ReleaseOutcome::NotActive(current)));
             }
         }
     }
@@ -640,7 +643,7 @@ pub(crate) async fn release<B: Backend>(
 pub(crate) async fn extend<B: Backend>(
     backend: &B,
     req: &ExtendRequest,
-) -> StoreResult<ExtendOutcome> {
+) -> StoreResult<Keyed<ExtendOutcome>> {
     for _ in 0..MAX_ATTEMPTS {
         let (found, _) = find_reservation(
             backend,
@@ -650,15 +653,15 @@ pub(crate) async fn extend<B: Backend>(
             None,
         )
         .await?;
-        let (reservation, now) = found_or_return!(found, ExtendOutcome);
+        let (reservation, now) = found_or_return!(found);
         if reservation.status != ReservationStatus::Held {
             let current = reload(backend, &req.reservation_id, now).await?;
-            return Ok(ExtendOutcome::NotActive(current));
+            return Ok(Keyed::Done(ExtendOutcome::NotActive(current)));
         }
         let until = now + Duration::seconds(req.hold_seconds);
         if !extension_allowed(reservation.created_at, until, req.max_total_seconds) {
             let current = reload(backend, &req.reservation_id, now).await?;
-            return Ok(ExtendOutcome::LimitReached(current));
+            return Ok(Keyed::Done(ExtendOutcome::LimitReached(current)));
         }
         let change = Change::Extend {
             reservation,
@@ -673,17 +676,20 @@ pub(crate) async fn extend<B: Backend>(
             )
             .await;
         if let Some(reply) = moved_on_conflict(written)? {
-            return Ok(ExtendOutcome::Extended(reply));
+            return Ok(Keyed::Done(ExtendOutcome::Extended(reply)));
         }
     }
     Err(contention("extend the hold"))
 }
 
-pub(crate) async fn void<B: Backend>(backend: &B, req: &VoidRequest) -> StoreResult<VoidOutcome> {
+pub(crate) async fn void<B: Backend>(
+    backend: &B,
+    req: &VoidRequest,
+) -> StoreResult<Keyed<VoidOutcome>> {
     for _ in 0..MAX_ATTEMPTS {
         let (found, _) =
             find_reservation(backend, &req.reservation_id, &req.idempotency, None, None).await?;
-        let (reservation, now) = found_or_return!(found, VoidOutcome);
+        let (reservation, now) = found_or_return!(found);
         match reservation.status {
             ReservationStatus::Committed => {
                 // Part of the payment's one fate: it bought this sale.
@@ -735,16 +741,16 @@ pub(crate) async fn void<B: Backend>(backend: &B, req: &VoidRequest) -> StoreRes
                     )
                     .await;
                 if let Some(reply) = moved_on_conflict(written)? {
-                    return Ok(VoidOutcome::Voided(reply));
+                    return Ok(Keyed::Done(VoidOutcome::Voided(reply)));
                 }
             }
             ReservationStatus::Voided => {
                 let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(VoidOutcome::AlreadyVoided(current));
+                return Ok(Keyed::Done(VoidOutcome::AlreadyVoided(current)));
             }
             _ => {
                 let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(VoidOutcome::NotActive(current));
+                return Ok(Keyed::Done(VoidOutcome::NotActive(current)));
             }
         }
     }
@@ -899,22 +905,22 @@ pub(crate) async fn sweep<B: Backend>(backend: &B, batch: i64) -> StoreResult<Sw
 pub(crate) async fn complete_refund<B: Backend>(
     backend: &B,
     req: &CompleteRefundRequest,
-) -> StoreResult<CompleteRefundOutcome> {
+) -> StoreResult<Keyed<CompleteRefundOutcome>> {
     for _ in 0..MAX_ATTEMPTS {
         let snap = backend
             .refund_snapshot(&req.refund_id, &req.idempotency)
             .await?;
         if let Some(stored) = snap.stored {
             return Ok(match replay_or_reused(stored, &req.idempotency) {
-                Ok(reply) => CompleteRefundOutcome::Replayed(reply),
-                Err(()) => CompleteRefundOutcome::KeyReused,
+                Ok(reply) => Keyed::Replayed(reply),
+                Err(()) => Keyed::KeyReused,
             });
         }
         let Some(refund) = snap.row else {
-            return Ok(CompleteRefundOutcome::NotFound);
+            return Ok(Keyed::NotFound);
         };
         if refund.status == RefundStatus::Completed {
-            return Ok(CompleteRefundOutcome::AlreadyCompleted(refund));
+            return Ok(Keyed::Done(CompleteRefundOutcome::AlreadyCompleted(refund)));
         }
         let written = backend
             .transition(
@@ -942,7 +948,7 @@ pub(crate) async fn complete_refund<B: Backend>(
             )
             .await;
         if let Some(reply) = moved_on_conflict(written)? {
-            return Ok(CompleteRefundOutcome::Completed(reply));
+            return Ok(Keyed::Done(CompleteRefundOutcome::Completed(reply)));
         }
     }
     Err(contention("complete the refund"))

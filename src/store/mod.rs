@@ -89,12 +89,20 @@ pub struct HoldRequest {
     pub max_live_holds: Option<i64>,
 }
 
+/// What a request with an `Idempotency-Key` came to: its own outcome, or
+/// what every keyed request can come to (a stored answer sent again, a key
+/// used for another request, a target that does not exist).
 #[derive(Debug)]
-pub enum HoldOutcome {
-    Created(Reply),
+pub enum Keyed<T> {
+    Done(T),
     Replayed(Reply),
     KeyReused,
     NotFound,
+}
+
+#[derive(Debug)]
+pub enum HoldOutcome {
+    Created(Reply),
     Unavailable {
         status: AssetStatus,
         hold_expires_at: Option<Timestamp>,
@@ -139,9 +147,6 @@ pub enum ExtendOutcome {
     NotActive(Reservation),
     /// The hold would outlive its cap: nothing changed.
     LimitReached(Reservation),
-    Replayed(Reply),
-    KeyReused,
-    NotFound,
 }
 
 #[derive(Debug, Clone)]
@@ -161,9 +166,6 @@ pub enum VoidOutcome {
     AlreadyVoided(Reservation),
     /// Not a sale: nothing changed.
     NotActive(Reservation),
-    Replayed(Reply),
-    KeyReused,
-    NotFound,
 }
 
 /// Filter and position of one page of reservations, newest first.
@@ -203,9 +205,6 @@ pub enum CommitOutcome {
         reservation: Box<Reservation>,
         payment: Box<Payment>,
     },
-    Replayed(Reply),
-    KeyReused,
-    NotFound,
 }
 
 #[derive(Debug, Clone)]
@@ -222,9 +221,6 @@ pub enum ReleaseOutcome {
     /// Released before: 200, nothing changed.
     AlreadyReleased(Reservation),
     NotActive(Reservation),
-    Replayed(Reply),
-    KeyReused,
-    NotFound,
 }
 
 #[derive(Debug, Clone)]
@@ -238,9 +234,6 @@ pub enum CompleteRefundOutcome {
     Completed(Reply),
     /// Completed before: 200, nothing changed.
     AlreadyCompleted(Refund),
-    Replayed(Reply),
-    KeyReused,
-    NotFound,
 }
 
 /// Filter and position of one page of refunds, in id (creation) order.
@@ -565,23 +558,23 @@ impl Store {
         )
     }
 
-    pub async fn hold(&self, req: &HoldRequest) -> StoreResult<HoldOutcome> {
+    pub async fn hold(&self, req: &HoldRequest) -> StoreResult<Keyed<HoldOutcome>> {
         bounded!(self, "hold the asset", s => flow::hold(s, req))
     }
 
-    pub async fn commit(&self, req: &CommitRequest) -> StoreResult<CommitOutcome> {
+    pub async fn commit(&self, req: &CommitRequest) -> StoreResult<Keyed<CommitOutcome>> {
         bounded!(self, "commit the reservation", s => flow::commit(s, req))
     }
 
-    pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<ReleaseOutcome> {
+    pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<Keyed<ReleaseOutcome>> {
         bounded!(self, "release the reservation", s => flow::release(s, req))
     }
 
-    pub async fn extend(&self, req: &ExtendRequest) -> StoreResult<ExtendOutcome> {
+    pub async fn extend(&self, req: &ExtendRequest) -> StoreResult<Keyed<ExtendOutcome>> {
         bounded!(self, "extend the hold", s => flow::extend(s, req))
     }
 
-    pub async fn void(&self, req: &VoidRequest) -> StoreResult<VoidOutcome> {
+    pub async fn void(&self, req: &VoidRequest) -> StoreResult<Keyed<VoidOutcome>> {
         bounded!(self, "void the sale", s => flow::void(s, req))
     }
 
@@ -607,7 +600,7 @@ impl Store {
     pub async fn complete_refund(
         &self,
         req: &CompleteRefundRequest,
-    ) -> StoreResult<CompleteRefundOutcome> {
+    ) -> StoreResult<Keyed<CompleteRefundOutcome>> {
         bounded!(self, "complete the refund", s => flow::complete_refund(s, req))
     }
 

@@ -770,8 +770,9 @@ both! {
         }))
     }
 
-    /// Takes an asset off sale if it is still at `version`, first expiring
-    /// its lapsed hold or releasing its live one. `None` when it moved.
+    /// Takes an asset off sale if it is still at `version`, ending its
+    /// lapsed hold (EXPIRED) or its live one (RELEASED) with it. The asset
+    /// row is locked first, as every change does. `None` when it moved.
     fn withdraw(
         conn,
         asset: &str,
@@ -780,37 +781,6 @@ both! {
         release: Option<&str>,
         now: Timestamp,
     ) -> StoreResult<Option<Changed>> {
-        let ended = match (expire, release) {
-            (Some(id), _) => Some(
-                exec!(diesel::update(
-                    reservations::table.find(id).filter(reservations::status.eq("HELD")),
-                )
-                .set(reservations::status.eq("EXPIRED"))
-                .returning(ReservationRow::as_returning())
-                .get_result::<ReservationRow>(conn))
-                .optional()
-                .context("expire the hold")?,
-            ),
-            (None, Some(id)) => Some(
-                exec!(diesel::update(
-                    reservations::table.find(id).filter(reservations::status.eq("HELD")),
-                )
-                .set((
-                    reservations::status.eq("RELEASED"),
-                    reservations::released_at.eq(At(now)),
-                ))
-                .returning(ReservationRow::as_returning())
-                .get_result::<ReservationRow>(conn))
-                .optional()
-                .context("release the hold")?,
-            ),
-            (None, None) => None,
-        };
-        let ended = match ended {
-            Some(None) => return Ok(None),
-            Some(Some(row)) => Some(row.into_reservation()?),
-            None => None,
-        };
         let row = exec!(diesel::update(
             assets::table
                 .find(asset)
@@ -830,10 +800,35 @@ both! {
         let Some(row) = row else {
             return Ok(None);
         };
+        let held = |id| reservations::table.find(id).filter(reservations::status.eq("HELD"));
+        let ended = match (expire, release) {
+            (Some(id), _) => exec!(diesel::update(held(id))
+                .set(reservations::status.eq("EXPIRED"))
+                .returning(ReservationRow::as_returning())
+                .get_result::<ReservationRow>(conn))
+            .optional()
+            .context("expire the hold")?
+            .map(Some),
+            (None, Some(id)) => exec!(diesel::update(held(id))
+                .set((
+                    reservations::status.eq("RELEASED"),
+                    reservations::released_at.eq(At(now)),
+                ))
+                .returning(ReservationRow::as_returning())
+                .get_result::<ReservationRow>(conn))
+            .optional()
+            .context("release the hold")?
+            .map(Some),
+            (None, None) => Some(None),
+        };
+        // The hold the decision was made on is gone: the state moved.
+        let Some(ended) = ended else {
+            return Ok(None);
+        };
         Ok(Some(Changed {
             now: Some(now),
             asset: Some(row.into_asset(now)?),
-            ended,
+            ended: ended.map(ReservationRow::into_reservation).transpose()?,
             ..Changed::default()
         }))
     }
