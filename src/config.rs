@@ -4,11 +4,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 
 use crate::domain::HoldBounds;
+pub use crate::http::LateCommit;
 use crate::keys::KeyRing;
+pub use crate::secret::Secret;
 use crate::store::{DatabaseUrl, SqliteSynchronous, StoreSettings};
+pub use crate::telemetry::LogFormat;
 
 /// Every setting of the service. Each flag has a `HOLDFAST_*` variable.
 #[derive(Debug, Clone, Args)]
@@ -275,42 +278,14 @@ pub struct Config {
     pub workers: usize,
 
     /// Log format: compact text or one JSON object per line.
-    #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    #[arg(
+        long,
+        env = "HOLDFAST_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text,
+        global = true
+    )]
     pub log_format: LogFormat,
-}
-
-/// A secret setting: kept out of `Debug` output and logs.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(…)")
-    }
-}
-
-impl std::str::FromStr for Secret {
-    type Err = std::convert::Infallible;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Self(s.to_owned()))
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 /// A setting that cannot work, named so the operator can fix it.
@@ -326,15 +301,6 @@ fn invalid(setting: &'static str, problem: impl Into<String>) -> ConfigError {
         setting,
         problem: problem.into(),
     }
-}
-
-/// What a commit after its hold lapsed does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LateCommit {
-    /// Refund the payment (409 HOLD_EXPIRED).
-    Refund,
-    /// Sell the asset when nobody held or bought it since; else refund.
-    AcceptIfFree,
 }
 
 impl Config {
@@ -595,6 +561,18 @@ impl Config {
             max_body_bytes: self.max_body_bytes,
             cors_origins: self.cors_origins(),
         }
+    }
+
+    /// Webhook delivery, when a URL is configured.
+    pub fn webhook_settings(&self) -> Option<crate::outbox::Settings> {
+        Some(crate::outbox::Settings {
+            url: self.webhook_url.clone()?,
+            secret: self.webhook_secret.clone()?,
+            timeout: Duration::from_millis(self.webhook_timeout_ms),
+            max_attempts: self.webhook_max_attempts,
+            retry_base: Duration::from_millis(self.webhook_retry_base_ms),
+            retry_max: Duration::from_secs(self.webhook_retry_max_seconds),
+        })
     }
 
     pub fn store_settings(&self) -> StoreSettings {

@@ -10,6 +10,7 @@ pub mod janitor;
 pub mod keys;
 pub mod outbox;
 pub mod reply;
+pub mod secret;
 pub mod store;
 pub mod telemetry;
 pub mod worker;
@@ -56,7 +57,8 @@ impl Application {
         let keys = config.check_access()?;
         if keys.is_open() {
             tracing::warn!(
-                "OPEN MODE: no API keys are configured, so anyone who can reach {} may call every operation. \
+                "OPEN MODE: no API keys are configured, so anyone who can reach {} may call \
+                    every operation. \
                  Configure HOLDFAST_API_KEYS before exposing holdfast.",
                 config.bind
             );
@@ -95,7 +97,7 @@ impl Application {
         if let Some(every) = config.janitor_interval() {
             workers.push(janitor::start(store.clone(), every));
         }
-        if let Some(settings) = outbox::Settings::from_config(&config) {
+        if let Some(settings) = config.webhook_settings() {
             let dispatcher =
                 outbox::Dispatcher::new(store.clone(), settings).map_err(StartError::Webhook)?;
             workers.push(dispatcher.start(std::time::Duration::from_millis(

@@ -131,9 +131,12 @@ async fn run(cli: Cli) -> Result<(), String> {
             let holdfast::store::DatabaseUrl::Sqlite(target) =
                 config.database().map_err(|e| e.to_string())?
             else {
-                return Err("restore puts back a backup of the embedded SQLite database; for \
-                            PostgreSQL restore a physical backup (pg_basebackup) or pg_restore a dump"
-                    .into());
+                return Err(
+                    "restore puts back a backup of the embedded SQLite database; for \
+                            PostgreSQL restore a physical backup (pg_basebackup) or pg_restore a \
+                                dump"
+                        .into(),
+                );
             };
             let (backup, into) = (path.clone(), target.clone());
             tokio::task::spawn_blocking(move || holdfast::store::sqlite::restore(&backup, &into))
@@ -205,7 +208,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Dispatch { once } => {
-            let settings = holdfast::outbox::Settings::from_config(&config).ok_or(
+            let settings = config.webhook_settings().ok_or(
                 "HOLDFAST_WEBHOOK_URL and HOLDFAST_WEBHOOK_SECRET must be set to dispatch",
             )?;
             let store = open(&config).await?;

@@ -3,7 +3,8 @@
 //! Due events are claimed with `FOR UPDATE SKIP LOCKED` and leased in one
 //! short statement that commits before any network call; then each is POSTed.
 //! A 2xx marks it delivered; anything else (another status, a redirect,
-//! which is never followed, a timeout, a refused connection) schedules a retry with exponential backoff and jitter, until
+//! which is never followed, a timeout, a refused connection) schedules a retry with exponential
+//! backoff and jitter, until
 //! the attempts run out and the event is parked as dead. A dispatcher that
 //! dies mid-batch leaves its lease to expire, and the events are sent again.
 
@@ -13,7 +14,7 @@ use futures_util::future::join_all;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::config::{Config, Secret};
+use crate::secret::Secret;
 use crate::store::{Delivery, DeliveryResult, Store, StoreResult};
 use crate::worker::Worker;
 
@@ -32,18 +33,6 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// `None` when no webhook URL is configured.
-    pub fn from_config(config: &Config) -> Option<Self> {
-        Some(Self {
-            url: config.webhook_url.clone()?,
-            secret: config.webhook_secret.clone()?,
-            timeout: Duration::from_millis(config.webhook_timeout_ms),
-            max_attempts: config.webhook_max_attempts,
-            retry_base: Duration::from_millis(config.webhook_retry_base_ms),
-            retry_max: Duration::from_secs(config.webhook_retry_max_seconds),
-        })
-    }
-
     /// A claim outlives every request of its batch, which run concurrently.
     fn lease(&self) -> Duration {
         self.timeout + Duration::from_secs(30)
@@ -135,7 +124,8 @@ impl Dispatcher {
                         error,
                     } => {
                         report.dead += 1;
-                        tracing::warn!(event_id = %delivery.event.id, attempts = delivery.attempt, %error, "event parked as dead");
+                        let (event_id, attempts) = (&delivery.event.id, delivery.attempt);
+                        tracing::warn!(%event_id, attempts, %error, "event parked as dead");
                         "dead"
                     }
                 };

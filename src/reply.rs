@@ -231,7 +231,8 @@ pub fn commit_refused(reason: RefundReason, reservation: &Reservation, refund: &
         ),
         RefundReason::AlreadyCommitted => (
             ErrorCode::AlreadyCommitted,
-            "The reservation was already committed with another payment; this payment is to be refunded.",
+            "The reservation was already committed with another payment; this payment is to be \
+                refunded.",
         ),
         RefundReason::SaleVoided => (
             ErrorCode::ReservationNotActive,
@@ -249,11 +250,13 @@ pub fn commit_refused(reason: RefundReason, reservation: &Reservation, refund: &
 pub fn payment_reference_used(reservation: &Reservation, payment: &Payment) -> Problem {
     let message = match payment.fate {
         PaymentOutcome::Bought => format!(
-            "This payment_reference bought reservation {}; it cannot pay for another, and nothing is refunded.",
+            "This payment_reference bought reservation {}; it cannot pay for another, and \
+                nothing is refunded.",
             payment.reservation.reservation_id
         ),
         PaymentOutcome::Refunded => format!(
-            "This payment_reference was refunded through reservation {}; it cannot pay for another, and is not refunded twice.",
+            "This payment_reference was refunded through reservation {}; it cannot pay for \
+                another, and is not refunded twice.",
             payment.reservation.reservation_id
         ),
     };
@@ -268,8 +271,14 @@ pub fn sale_voided(reservation: &Reservation, refund: Option<&Refund>) -> Proble
     let problem = Problem::new(
         ErrorCode::ReservationNotActive,
         match refund {
-            Some(_) => "The sale was voided and this payment refunded by the void; nothing new is refunded.",
-            None => "The sale was voided and this payment settled outside holdfast; nothing is refunded.",
+            Some(_) => {
+                "The sale was voided and this payment refunded by the void; nothing new \
+                is refunded."
+            }
+            None => {
+                "The sale was voided and this payment settled outside holdfast; nothing is \
+                refunded."
+            }
         },
     )
     .with("reservation", reservation);
@@ -301,7 +310,10 @@ pub fn sale_not_open(available_from: Timestamp) -> Problem {
 pub fn hold_extension_limit(reservation: &Reservation, max_total_seconds: i64) -> Problem {
     Problem::new(
         ErrorCode::HoldExtensionLimit,
-        format!("A hold may last at most {max_total_seconds} seconds from its creation; commit or release it."),
+        format!(
+            "A hold may last at most {max_total_seconds} seconds from its creation; commit \
+            or release it."
+        ),
     )
     .with("reservation", reservation)
 }
@@ -325,7 +337,10 @@ pub fn asset_sold(asset: &Asset) -> Problem {
 pub fn hold_limit_reached(limit: i64) -> Problem {
     Problem::new(
         ErrorCode::HoldLimitReached,
-        format!("This buyer already has {limit} live holds, the most allowed; release or commit one first."),
+        format!(
+            "This buyer already has {limit} live holds, the most allowed; release or commit \
+            one first."
+        ),
     )
     .with("limit", limit)
 }

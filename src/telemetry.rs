@@ -6,7 +6,6 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
 use crate::store::Store;
 
 pub fn init(format: LogFormat) {
@@ -33,28 +32,88 @@ const DURATION_BUCKETS: &[f64] = &[
 
 /// Every metric the service exports, with its help text.
 pub const METRICS: &[(&str, &str)] = &[
-    ("holdfast_holds_total", "Hold requests by outcome: created, replayed, conflict, not_open, limit_reached, not_found, rejected."),
+    (
+        "holdfast_holds_total",
+        "Hold requests by outcome: created, replayed, conflict, not_open, \
+        limit_reached, not_found, rejected.",
+    ),
     (
         "holdfast_commits_total",
-        "Commit requests by outcome: committed, committed_late, replayed, unchanged, hold_expired, not_active, already_committed, payment_reference_used, not_found, rejected.",
+        "Commit requests by outcome: committed, committed_late, replayed, unchanged, \
+            hold_expired, not_active, already_committed, payment_reference_used, not_found, \
+                rejected.",
     ),
-    ("holdfast_releases_total", "Release requests by outcome: released, replayed, unchanged, not_active, not_found, rejected."),
-    ("holdfast_withdrawals_total", "Withdraw requests by outcome: withdrawn, unchanged, held, sold, not_found."),
-    ("holdfast_reinstatements_total", "Reinstate requests by outcome: reinstated, unchanged, not_found."),
-    ("holdfast_extensions_total", "Extend requests by outcome: extended, replayed, not_active, limit_reached, not_found, rejected."),
-    ("holdfast_voids_total", "Void requests by outcome: voided, replayed, unchanged, not_active, not_found, rejected."),
-    ("holdfast_refunds_requested_total", "Refunds created, by reason."),
-    ("holdfast_refunds_completed_total", "Refunds reported done by the payment system."),
-    ("holdfast_idempotency_replays_total", "Answers replayed from an idempotency key."),
-    ("holdfast_janitor_runs_total", "Janitor passes, by result: ok, error."),
-    ("holdfast_janitor_expired_total", "Lapsed holds the janitor expired."),
-    ("holdfast_webhook_deliveries_total", "Webhook delivery attempts by outcome: delivered, retrying, dead."),
-    ("holdfast_http_requests_duration_seconds", "HTTP request duration by route pattern, method and status class."),
+    (
+        "holdfast_releases_total",
+        "Release requests by outcome: released, replayed, unchanged, \
+        not_active, not_found, rejected.",
+    ),
+    (
+        "holdfast_withdrawals_total",
+        "Withdraw requests by outcome: withdrawn, unchanged, held, \
+        sold, not_found.",
+    ),
+    (
+        "holdfast_reinstatements_total",
+        "Reinstate requests by outcome: reinstated, unchanged, \
+        not_found.",
+    ),
+    (
+        "holdfast_extensions_total",
+        "Extend requests by outcome: extended, replayed, not_active, \
+        limit_reached, not_found, rejected.",
+    ),
+    (
+        "holdfast_voids_total",
+        "Void requests by outcome: voided, replayed, unchanged, not_active, \
+        not_found, rejected.",
+    ),
+    (
+        "holdfast_refunds_requested_total",
+        "Refunds created, by reason.",
+    ),
+    (
+        "holdfast_refunds_completed_total",
+        "Refunds reported done by the payment system.",
+    ),
+    (
+        "holdfast_idempotency_replays_total",
+        "Answers replayed from an idempotency key.",
+    ),
+    (
+        "holdfast_janitor_runs_total",
+        "Janitor passes, by result: ok, error.",
+    ),
+    (
+        "holdfast_janitor_expired_total",
+        "Lapsed holds the janitor expired.",
+    ),
+    (
+        "holdfast_webhook_deliveries_total",
+        "Webhook delivery attempts by outcome: delivered, \
+        retrying, dead.",
+    ),
+    (
+        "holdfast_http_requests_duration_seconds",
+        "HTTP request duration by route pattern, method \
+        and status class.",
+    ),
     ("holdfast_db_pool_size", "Database connections open."),
     ("holdfast_db_pool_in_use", "Database connections in use."),
-    ("holdfast_db_pool_waiting", "Requests waiting for a database connection."),
-    ("holdfast_db_statements_total", "Statements sent to the database, each a round trip (several requests' reads may share one)."),
-    ("holdfast_db_errors_total", "Database failures answered 503 or 500, by kind: timeout, unavailable, other."),
+    (
+        "holdfast_db_pool_waiting",
+        "Requests waiting for a database connection.",
+    ),
+    (
+        "holdfast_db_statements_total",
+        "Statements sent to the database, each a round trip \
+        (several requests' reads may share one).",
+    ),
+    (
+        "holdfast_db_errors_total",
+        "Database failures answered 503 or 500, by kind: timeout, \
+        unavailable, other.",
+    ),
 ];
 
 /// The process-wide recorder, installed on first use.
@@ -89,4 +148,11 @@ pub fn render(store: &Store) -> String {
 /// Counts one outcome of a use case.
 pub fn count(metric: &'static str, outcome: &'static str) {
     metrics::counter!(metric, "outcome" => outcome).increment(1);
+}
+
+/// Log format: compact text or one JSON object per line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }

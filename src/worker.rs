@@ -29,7 +29,8 @@ impl Worker {
                     _ = stopped.changed() => break,
                 }
                 if let Err(e) = pass().await {
-                    tracing::warn!(worker = name, error = %e, "pass failed; retrying next interval");
+                    tracing::warn!(worker = name, error = %e, "pass failed; retrying next \
+                        interval");
                 }
             }
         });

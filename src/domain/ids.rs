@@ -59,7 +59,11 @@ impl AssetId {
         if first_ok && rest_ok && s.len() <= Self::MAX_LEN {
             Ok(Self(s.to_owned()))
         } else {
-            Err("must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' or '-', starting with a letter or digit".into())
+            Err(
+                "must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' or '-', starting with a \
+                letter or digit"
+                    .into(),
+            )
         }
     }
 }

@@ -38,9 +38,11 @@ fn file(content_type: &'static str, body: &'static str) -> HttpResponse {
 /// name).
 #[utoipa::path(
     tag = "console",
-    responses((status = 200, description = "The console page", content_type = "text/html", body = String,
+    responses((status = 200, description = "The console \
+        page", content_type = "text/html", body = String,
         headers(
-            ("Content-Security-Policy" = String, description = "Only this origin; no inline code; never framed"),
+            ("Content-Security-Policy" = String, description = "Only this origin; no inline \
+                code; never framed"),
             ("Cache-Control" = String, description = "no-cache"),
         )))
 )]
@@ -52,9 +54,11 @@ pub async fn get_console(_caller: Caller) -> HttpResponse {
 /// The console's stylesheet.
 #[utoipa::path(
     tag = "console",
-    responses((status = 200, description = "The stylesheet", content_type = "text/css", body = String,
+    responses((status = 200, description = "The \
+        stylesheet", content_type = "text/css", body = String,
         headers(
-            ("Content-Security-Policy" = String, description = "Only this origin; no inline code; never framed"),
+            ("Content-Security-Policy" = String, description = "Only this origin; no inline \
+                code; never framed"),
             ("Cache-Control" = String, description = "no-cache"),
         )))
 )]
@@ -66,9 +70,11 @@ pub async fn get_console_css(_caller: Caller) -> HttpResponse {
 /// The console's script.
 #[utoipa::path(
     tag = "console",
-    responses((status = 200, description = "The script", content_type = "text/javascript", body = String,
+    responses((status = 200, description = "The \
+        script", content_type = "text/javascript", body = String,
         headers(
-            ("Content-Security-Policy" = String, description = "Only this origin; no inline code; never framed"),
+            ("Content-Security-Policy" = String, description = "Only this origin; no inline \
+                code; never framed"),
             ("Cache-Control" = String, description = "no-cache"),
         )))
 )]

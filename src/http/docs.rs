@@ -72,7 +72,10 @@ fn example(code: ErrorCode) -> Value {
 pub fn describe(code: ErrorCode) -> &'static str {
     match code {
         MalformedJson => "The body is not JSON, or not a JSON object.",
-        IdempotencyKeyInvalid => "The Idempotency-Key header is missing, empty, too long or not printable ASCII.",
+        IdempotencyKeyInvalid => {
+            "The Idempotency-Key header is missing, empty, too long or not \
+            printable ASCII."
+        }
         Unauthenticated => "No API key, or an unknown one.",
         Forbidden => "This API key's role may not do this.",
         NotFound => "No such route.",
@@ -82,16 +85,32 @@ pub fn describe(code: ErrorCode) -> &'static str {
         EventNotFound => "No event has this id.",
         MethodNotAllowed => "The path exists but not with this method; see Allow.",
         AssetExists => "An asset with this id already exists.",
-        AssetUnavailable => "Held by another buyer (try later: see hold_expires_at), sold, or withdrawn from sale: see asset_status.",
+        AssetUnavailable => {
+            "Held by another buyer (try later: see hold_expires_at), sold, or \
+            withdrawn from sale: see asset_status."
+        }
         HoldExpired => "The hold lapsed before the commit; the payment is refunded (see refund).",
-        ReservationNotActive => "The reservation is released, committed or expired; a payment carried is refunded (see refund).",
-        AlreadyCommitted => "Committed before with another payment; this payment is refunded (see refund).",
-        PaymentReferenceUsed => "This payment_reference already has its one fate through another reservation (it bought it, or was refunded): nothing changed and no refund; see payment.",
+        ReservationNotActive => {
+            "The reservation is released, committed or expired; a payment \
+            carried is refunded (see refund)."
+        }
+        AlreadyCommitted => {
+            "Committed before with another payment; this payment is refunded \
+            (see refund)."
+        }
+        PaymentReferenceUsed => {
+            "This payment_reference already has its one fate through another \
+            reservation (it bought it, or was refunded): nothing changed and no refund; see \
+                payment."
+        }
         PaymentNotFound => "No payment with this reference reached holdfast.",
         IdempotencyKeyInUse => "A request with this key is still running; retry shortly.",
         HoldLimitReached => "The buyer already has the maximum of live holds.",
         SaleNotOpen => "The asset's sale has not opened yet; see available_from.",
-        HoldExtensionLimit => "The hold would outlive HOLDFAST_HOLD_MAX_TOTAL_SECONDS from its creation.",
+        HoldExtensionLimit => {
+            "The hold would outlive HOLDFAST_HOLD_MAX_TOTAL_SECONDS from its \
+            creation."
+        }
         AssetHeld => "The asset has a live hold; withdraw with force to end it.",
         AssetSold => "The asset is sold; void the sale first.",
         PayloadTooLarge => "The body is over the size limit.",
@@ -100,7 +119,12 @@ pub fn describe(code: ErrorCode) -> &'static str {
         IdempotencyKeyReused => "This Idempotency-Key was used for a different request.",
         RateLimited => "Too many requests; see Retry-After.",
         Internal => "A bug; nothing internal is shown.",
-        ServiceUnavailable => "The database is unreachable or too slow; see Retry-After. `write_outcome` says whether anything may have been written: NOT_APPLIED (nothing was: retry freely) or UNKNOWN (a COMMIT may have been sent: retry with the same Idempotency-Key, which returns the stored answer if it committed).",
+        ServiceUnavailable => {
+            "The database is unreachable or too slow; see Retry-After. \
+            `write_outcome` says whether anything may have been written: NOT_APPLIED (nothing \
+                was: retry freely) or UNKNOWN (a COMMIT may have been sent: retry with the same \
+                    Idempotency-Key, which returns the stored answer if it committed)."
+        }
     }
 }
 

@@ -39,36 +39,65 @@ impl FromRequest for IdempotencyKeyHeader {
     }
 }
 
-/// Idempotency keys are scoped by the caller's key name.
-impl Caller {
-    /// Binds the key to this exact request: method, route, path parameters
-    /// and the canonical JSON body.
-    pub fn idempotency(
-        &self,
-        key: IdempotencyKeyHeader,
-        req: &HttpRequest,
-        canonical_body: &str,
-    ) -> Idempotency {
-        let mut hash = Sha256::new();
-        hash.update(req.method().as_str());
-        hash.update([0]);
-        hash.update(req.match_pattern().unwrap_or_default());
-        for (name, value) in req.match_info().iter() {
-            hash.update([0]);
-            hash.update(name);
-            hash.update([b'=']);
-            hash.update(value);
-        }
-        hash.update([0]);
-        hash.update(canonical_body);
-        let digest = hash.finalize();
-        let fingerprint = digest.iter().map(|b| format!("{b:02x}")).collect();
-        Idempotency {
-            scope: self.name.clone(),
-            key: key.0,
-            fingerprint,
-        }
+/// A request that changes something under an `Idempotency-Key`: who calls
+/// (checked first), the key bound to this exact request (scoped by the
+/// caller's key name; its fingerprint covers method, route, path parameters
+/// and the canonical JSON body), and the body.
+pub struct KeyedRequest<T, const OPTIONAL: bool = false> {
+    pub caller: Caller,
+    pub idempotency: Idempotency,
+    pub body: T,
+}
+
+impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest
+    for KeyedRequest<T, OPTIONAL>
+{
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let caller = Caller::extract(req).into_inner();
+        let key = IdempotencyKeyHeader::extract(req).into_inner();
+        let route = route_fingerprint(req);
+        let body = JsonBody::<T, OPTIONAL>::from_request(req, payload);
+        Box::pin(async move {
+            let (caller, key) = (caller?, key?);
+            let body = body.await?;
+            let mut fingerprint = route;
+            fingerprint.update([0]);
+            fingerprint.update(&body.canonical);
+            let idempotency = Idempotency {
+                scope: caller.name.clone(),
+                key: key.0,
+                fingerprint: hex(&fingerprint.finalize()),
+            };
+            Ok(Self {
+                caller,
+                idempotency,
+                body: body.value,
+            })
+        })
     }
+}
+
+/// The part of a request's fingerprint its route makes: method, route
+/// pattern, path parameters.
+fn route_fingerprint(req: &HttpRequest) -> Sha256 {
+    let mut hash = Sha256::new();
+    hash.update(req.method().as_str());
+    hash.update([0]);
+    hash.update(req.match_pattern().unwrap_or_default());
+    for (name, value) in req.match_info().iter() {
+        hash.update([0]);
+        hash.update(name);
+        hash.update([b'=']);
+        hash.update(value);
+    }
+    hash
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A JSON object body parsed into `T`, plus its canonical text (sorted keys,
@@ -245,6 +274,47 @@ pub fn page_limit(raw: Option<&str>, default: i64) -> Result<i64, String> {
     }
 }
 
+/// Where a keyset-paged list starts and how much it holds.
+#[derive(Debug, Clone)]
+pub struct PageRequest<K> {
+    pub limit: i64,
+    /// The key of the last item of the previous page.
+    pub after: Option<K>,
+}
+
+/// An opaque cursor: the base64 of a key.
+pub fn cursor_of(key: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key)
+}
+
+/// The key in a cursor this service issued, as `key` reads it.
+fn key_in<K>(cursor: &str, key: fn(&str) -> Option<K>) -> Result<K, String> {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|text| key(&text))
+        .ok_or_else(|| "is not a cursor this service issued".to_owned())
+}
+
+/// One page out of the up to `limit + 1` items a list asked for: the page,
+/// and the cursor of the next one when more follow.
+pub fn page_of<T>(
+    mut items: Vec<T>,
+    limit: i64,
+    cursor: impl Fn(&T) -> String,
+) -> (Vec<T>, Option<String>) {
+    let limit = usize::try_from(limit).unwrap_or(0);
+    if items.len() <= limit {
+        return (items, None);
+    }
+    items.truncate(limit);
+    let next = items.last().map(cursor);
+    (items, next)
+}
+
 /// Collects field errors and fails with 422 when there are any.
 #[derive(Default)]
 pub struct Validator {
@@ -265,6 +335,34 @@ impl Validator {
     /// The 422 of the fields that failed (called once a check did).
     pub fn failed(self) -> ApiError {
         reply::validation_failed(self.errors).into()
+    }
+
+    /// Checks `limit` (1 to 500, `default` when absent) and `cursor` (one
+    /// this service issued, whose key `key` reads).
+    pub fn page<K>(
+        &mut self,
+        limit: Option<&str>,
+        cursor: Option<&str>,
+        default: i64,
+        key: fn(&str) -> Option<K>,
+    ) -> PageRequest<K> {
+        let limit = self
+            .check("limit", page_limit(limit, default))
+            .unwrap_or(default);
+        let after = self
+            .check("cursor", cursor.map(|c| key_in(c, key)).transpose())
+            .flatten();
+        PageRequest { limit, after }
+    }
+
+    /// Checks an optional query parameter with `parse`.
+    pub fn optional<T>(
+        &mut self,
+        field: &str,
+        raw: Option<&str>,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        self.check(field, raw.map(parse).transpose()).flatten()
     }
 
     pub fn finish(self) -> Result<(), ApiError> {

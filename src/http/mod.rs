@@ -25,7 +25,6 @@ use utoipa::{OpenApi, ToSchema};
 use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::AppExt;
 
-use crate::config::LateCommit;
 use crate::domain::{
     Asset, AssetStatus, EventSummary, FieldError, HoldBounds, Payment, Refund, Reservation,
 };
@@ -40,6 +39,15 @@ pub struct AppState {
     pub api: ApiSettings,
     /// The OpenAPI document, rendered once.
     pub openapi_json: String,
+}
+
+/// What a commit after its hold lapsed does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LateCommit {
+    /// Refund the payment (409 HOLD_EXPIRED).
+    Refund,
+    /// Sell the asset when nobody held or bought it since; else refund.
+    AcceptIfFree,
 }
 
 /// The settings the HTTP layer applies to requests.
@@ -108,7 +116,8 @@ pub struct ProblemBody {
 #[openapi(
     info(
         title = "holdfast",
-        description = "Hold-and-commit reservations for one-of-a-kind assets: a buyer holds, the payment system commits, an abandoned hold comes back by itself.",
+        description = "Hold-and-commit reservations for one-of-a-kind assets: a buyer holds, the \
+            payment system commits, an abandoned hold comes back by itself.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     tags(
@@ -248,7 +257,8 @@ fn cors(origins: Option<&[String]>) -> Option<actix_cors::Cors> {
 /// This document (OpenAPI 3.1).
 #[utoipa::path(
     tag = "operations",
-    responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object))
+    responses((status = 200, description = "The OpenAPI \
+        document", content_type = "application/json", body = Object))
 )]
 #[get("/openapi.json")]
 async fn get_openapi(state: web::Data<AppState>) -> HttpResponse {
@@ -260,7 +270,8 @@ async fn get_openapi(state: web::Data<AppState>) -> HttpResponse {
 /// Prometheus metrics, in the text exposition format.
 #[utoipa::path(
     tag = "operations",
-    responses((status = 200, description = "Every metric (see the README's Operations section)", content_type = "text/plain", body = String))
+    responses((status = 200, description = "Every metric (see the README's Operations \
+        section)", content_type = "text/plain", body = String))
 )]
 #[get("/metrics")]
 async fn get_metrics(state: web::Data<AppState>) -> HttpResponse {
@@ -272,7 +283,8 @@ async fn get_metrics(state: web::Data<AppState>) -> HttpResponse {
 /// The interactive documentation (Swagger UI, served offline) lives at `/docs/`.
 #[utoipa::path(
     tag = "operations",
-    responses((status = 308, description = "Redirect to /docs/", headers(("Location" = String, description = "/docs/"))))
+    responses((status = 308, description = "Redirect to \
+        /docs/", headers(("Location" = String, description = "/docs/"))))
 )]
 #[get("/docs")]
 async fn get_docs() -> HttpResponse {

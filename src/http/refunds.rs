@@ -1,13 +1,13 @@
 //! Refunds: the reconciliation list, and completion by the payment system.
 
-use actix_web::{get, post, web, HttpRequest, HttpResponse};
+use actix_web::{get, post, web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
 use super::docs::IdempotencyKeyParam;
 use super::error::{keyed, respond, ApiError};
-use super::extract::{page_limit, IdempotencyKeyHeader, JsonBody, Validator};
+use super::extract::{page_limit, page_of, KeyedRequest, Validator};
 use super::paths::RefundPath;
 use super::AppState;
 use crate::domain::{Refund, RefundId, RefundStatus};
@@ -55,38 +55,20 @@ pub async fn list_refunds(
     query: web::Query<ListRefundsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let mut v = Validator::default();
-    let status = v
-        .check(
-            "status",
-            query
-                .status
-                .as_deref()
-                .map(|s| {
-                    RefundStatus::parse(s)
-                        .ok_or_else(|| "must be REQUESTED or COMPLETED".to_owned())
-                })
-                .transpose(),
-        )
-        .flatten();
+    let status = v.optional("status", query.status.as_deref(), |s| {
+        RefundStatus::parse(s).ok_or_else(|| "must be REQUESTED or COMPLETED".to_owned())
+    });
+    // The cursor of this list is the last refund's id as it is.
     let limit = v
         .check("limit", page_limit(query.limit.as_deref(), LIMIT_DEFAULT))
         .unwrap_or(LIMIT_DEFAULT);
-    let after = v
-        .check(
-            "cursor",
-            query
-                .cursor
-                .as_deref()
-                .map(|c| {
-                    RefundId::parse(c)
-                        .map(|id| id.to_string())
-                        .ok_or_else(|| "is not a cursor this service issued".to_owned())
-                })
-                .transpose(),
-        )
-        .flatten();
+    let after = v.optional("cursor", query.cursor.as_deref(), |c| {
+        RefundId::parse(c)
+            .map(|id| id.to_string())
+            .ok_or_else(|| "is not a cursor this service issued".to_owned())
+    });
     v.finish()?;
-    let mut items = state
+    let items = state
         .store
         .list_refunds(&RefundPage {
             status,
@@ -94,12 +76,7 @@ pub async fn list_refunds(
             limit: limit + 1,
         })
         .await?;
-    let next_cursor = if items.len() as i64 > limit {
-        items.truncate(limit as usize);
-        items.last().map(|r| r.refund_id.clone())
-    } else {
-        None
-    };
+    let (items, next_cursor) = page_of(items, limit, |r| r.refund_id.clone());
     Ok(respond(Reply::json(
         200,
         &RefundList { items, next_cursor },
@@ -113,21 +90,19 @@ pub async fn list_refunds(
     request_body(content = Option<CompleteRefundBody>, description = "No body, or {}"),
     responses(
         (status = 200, description = "COMPLETED (now, before, or a replay)", body = Refund,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with this key"))),
+         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
+             answer to an earlier request with this key"))),
     )
 )]
 #[post("/v1/refunds/{refund_id}/complete")]
 pub async fn complete_refund(
-    caller: Caller,
+    request: KeyedRequest<CompleteRefundBody, true>,
     state: web::Data<AppState>,
-    req: HttpRequest,
-    key: IdempotencyKeyHeader,
     refund: RefundPath,
-    body: JsonBody<CompleteRefundBody, true>,
 ) -> Result<HttpResponse, ApiError> {
     let request = CompleteRefundRequest {
         refund_id: refund.0,
-        idempotency: caller.idempotency(key, &req, &body.canonical),
+        idempotency: request.idempotency,
     };
     let outcome = state.store.complete_refund(&request).await?;
     let metric = "holdfast_refund_completions_total";

@@ -1,26 +1,24 @@
 //! Reservations: hold, read, commit, release, extend, void, list. Every POST
 //! takes an Idempotency-Key.
 
-use actix_web::{get, post, web, HttpRequest, HttpResponse};
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
+use actix_web::{get, post, web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
 use super::docs::IdempotencyKeyParam;
 use super::error::{keyed, respond, ApiError};
-use super::extract::{page_limit, IdempotencyKeyHeader, JsonBody, Validator};
+use super::extract::{cursor_of, page_of, KeyedRequest, Validator};
 use super::paths::{AssetPath, ReservationPath};
 use super::AppState;
-use crate::config::LateCommit;
+use super::LateCommit;
 use crate::domain::{
     AssetId, BuyerId, PaymentReference, RefundReason, Reservation, ReservationId, ReservationStatus,
 };
 use crate::reply::{self, Reply};
 use crate::store::{
     CommitOutcome, CommitRequest, ExtendOutcome, ExtendRequest, HoldOutcome, HoldRequest,
-    ReleaseOutcome, ReleaseRequest, ReservationPage, VoidOutcome, VoidRequest,
+    Idempotency, ReleaseOutcome, ReleaseRequest, ReservationPage, VoidOutcome, VoidRequest,
 };
 
 /// A buyer's request to hold an asset.
@@ -71,38 +69,43 @@ pub struct ReleaseReservationRequest {}
     responses(
         (status = 201, description = "Held", body = Reservation,
          headers(("Location" = String, description = "The reservation's URL"))),
-        (status = 200, description = "Replay of an earlier 201 with the same key", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true`: the stored answer to an earlier request with this key"), ("Location" = String, description = "The reservation's URL"))),
+        (status = 200, description = "Replay of an earlier 201 with the same \
+            key", body = Reservation,
+         headers(("Idempotent-Replayed" = String, description = "`true`: the stored answer to an \
+             earlier request with this key"), ("Location" = String, description = "The \
+                 reservation's URL"))),
     )
 )]
 #[post("/v1/assets/{asset_id}/reservations")]
 pub async fn hold_asset(
-    caller: Caller,
+    request: KeyedRequest<HoldAssetRequest>,
     state: web::Data<AppState>,
-    req: HttpRequest,
-    key: IdempotencyKeyHeader,
     asset: AssetPath,
-    body: JsonBody<HoldAssetRequest>,
 ) -> Result<HttpResponse, ApiError> {
+    let KeyedRequest {
+        caller,
+        idempotency,
+        body,
+    } = request;
     let mut v = Validator::default();
-    let buyer_id = v.check("buyer_id", BuyerId::parse(&body.value.buyer_id));
+    let buyer_id = v.check("buyer_id", BuyerId::parse(&body.buyer_id));
     let hold_seconds = v.check(
         "hold_seconds",
-        state.api.hold_bounds.hold_seconds(body.value.hold_seconds),
+        state.api.hold_bounds.hold_seconds(body.hold_seconds),
     );
     let (Some(buyer_id), Some(hold_seconds)) = (buyer_id, hold_seconds) else {
         return Err(v.failed());
     };
     let span = tracing::Span::current();
     span.record("asset_id", asset.0.as_str());
-    span.record("idempotency_key", key.0.as_str());
+    span.record("idempotency_key", idempotency.key.as_str());
     let request = HoldRequest {
         asset_id: asset.0,
         buyer_id,
         hold_seconds,
         owner: caller.name.clone(),
         max_live_holds: state.api.max_live_holds,
-        idempotency: caller.idempotency(key, &req, &body.canonical),
+        idempotency,
     };
     let outcome = state.store.hold(&request).await?;
     keyed(
@@ -169,16 +172,18 @@ pub async fn get_reservation(
 ///
 /// | the payment reference | the reservation | answer | refund |
 /// |---|---|---|---|
-/// | has a fate through another reservation | any | 409 PAYMENT_REFERENCE_USED, `payment` says what it did | none (no `refund` member) |
+/// | has a fate through another reservation | any | 409 PAYMENT_REFERENCE_USED | none |
 /// | was refunded through this reservation | any | 409 as before | the same one |
 /// | bought this reservation | COMMITTED | 200 | none |
-/// | bought this reservation | VOIDED | 409 RESERVATION_NOT_ACTIVE | none new (the void settled it) |
+/// | bought this reservation | VOIDED | 409 RESERVATION_NOT_ACTIVE | none new |
 /// | no fate yet | HELD (live) | 200, COMMITTED, asset SOLD | none |
 /// | no fate yet | EXPIRED | 409 HOLD_EXPIRED | HOLD_EXPIRED |
 /// | no fate yet | RELEASED | 409 RESERVATION_NOT_ACTIVE | RESERVATION_RELEASED |
 /// | no fate yet | COMMITTED | 409 ALREADY_COMMITTED | ALREADY_COMMITTED |
 /// | no fate yet | VOIDED | 409 RESERVATION_NOT_ACTIVE | SALE_VOIDED |
 ///
+/// PAYMENT_REFERENCE_USED has no `refund` member; its `payment` says what the
+/// payment did. A voided sale's own payment was settled by the void.
 /// However often and wherever a payment is sent, it is never both kept and
 /// refunded, nor refunded twice. `GET /v1/payments/{payment_reference}`
 /// answers its fate.
@@ -187,32 +192,36 @@ pub async fn get_reservation(
     params(ReservationPath, IdempotencyKeyParam),
     request_body = CommitReservationRequest,
     responses(
-        (status = 200, description = "COMMITTED (or already committed with this payment, or a replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with this key"))),
+        (status = 200, description = "COMMITTED (or already committed with this payment, or a \
+            replay)", body = Reservation,
+         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
+             answer to an earlier request with this key"))),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/commit")]
 pub async fn commit_reservation(
-    caller: Caller,
+    request: KeyedRequest<CommitReservationRequest>,
     state: web::Data<AppState>,
-    req: HttpRequest,
-    key: IdempotencyKeyHeader,
     reservation: ReservationPath,
-    body: JsonBody<CommitReservationRequest>,
 ) -> Result<HttpResponse, ApiError> {
+    let KeyedRequest {
+        caller,
+        idempotency,
+        body,
+    } = request;
     let mut v = Validator::default();
     let payment = v.check(
         "payment_reference",
-        PaymentReference::parse(&body.value.payment_reference),
+        PaymentReference::parse(&body.payment_reference),
     );
     let Some(payment_reference) = payment else {
         return Err(v.failed());
     };
     let request = CommitRequest {
-        reservation_id: record_reservation(reservation.0, &key),
+        reservation_id: record_reservation(reservation.0, &idempotency),
         payment_reference,
         payment_scope: caller.name.clone(),
-        idempotency: caller.idempotency(key, &req, &body.canonical),
+        idempotency,
         accept_late: state.api.late_commit == LateCommit::AcceptIfFree,
     };
     let outcome = state.store.commit(&request).await?;
@@ -255,23 +264,27 @@ pub async fn commit_reservation(
     params(ReservationPath, IdempotencyKeyParam),
     request_body(content = Option<ReleaseReservationRequest>, description = "No body, or {}"),
     responses(
-        (status = 200, description = "RELEASED (or released before, or a replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with this key"))),
+        (status = 200, description = "RELEASED (or released before, or a \
+            replay)", body = Reservation,
+         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
+             answer to an earlier request with this key"))),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/release")]
 pub async fn release_reservation(
-    caller: Caller,
+    request: KeyedRequest<ReleaseReservationRequest, true>,
     state: web::Data<AppState>,
-    req: HttpRequest,
-    key: IdempotencyKeyHeader,
     reservation: ReservationPath,
-    body: JsonBody<ReleaseReservationRequest, true>,
 ) -> Result<HttpResponse, ApiError> {
+    let KeyedRequest {
+        caller,
+        idempotency,
+        body: _,
+    } = request;
     let request = ReleaseRequest {
-        reservation_id: record_reservation(reservation.0, &key),
+        reservation_id: record_reservation(reservation.0, &idempotency),
         visible_to: caller.owner_filter(),
-        idempotency: caller.idempotency(key, &req, &body.canonical),
+        idempotency,
     };
     let outcome = state.store.release(&request).await?;
     keyed(
@@ -313,36 +326,37 @@ pub struct ExtendReservationRequest {
     params(ReservationPath, IdempotencyKeyParam),
     request_body = ExtendReservationRequest,
     responses(
-        (status = 200, description = "The hold with its new expiry (or a replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with this key"))),
+        (status = 200, description = "The hold with its new expiry (or a \
+            replay)", body = Reservation,
+         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
+             answer to an earlier request with this key"))),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/extend")]
 pub async fn extend_reservation(
-    caller: Caller,
+    request: KeyedRequest<ExtendReservationRequest>,
     state: web::Data<AppState>,
-    req: HttpRequest,
-    key: IdempotencyKeyHeader,
     reservation: ReservationPath,
-    body: JsonBody<ExtendReservationRequest>,
 ) -> Result<HttpResponse, ApiError> {
+    let KeyedRequest {
+        caller,
+        idempotency,
+        body,
+    } = request;
     let mut v = Validator::default();
     let hold_seconds = v.check(
         "hold_seconds",
-        state
-            .api
-            .hold_bounds
-            .hold_seconds(Some(body.value.hold_seconds)),
+        state.api.hold_bounds.hold_seconds(Some(body.hold_seconds)),
     );
     let Some(hold_seconds) = hold_seconds else {
         return Err(v.failed());
     };
     let request = ExtendRequest {
-        reservation_id: record_reservation(reservation.0, &key),
+        reservation_id: record_reservation(reservation.0, &idempotency),
         hold_seconds,
         max_total_seconds: state.api.hold_max_total_seconds,
         visible_to: caller.owner_filter(),
-        idempotency: caller.idempotency(key, &req, &body.canonical),
+        idempotency,
     };
     let outcome = state.store.extend(&request).await?;
     keyed(
@@ -400,24 +414,28 @@ fn yes() -> bool {
     params(ReservationPath, IdempotencyKeyParam),
     request_body(content = Option<VoidReservationRequest>, description = "Optional"),
     responses(
-        (status = 200, description = "VOIDED, with its refund (or voided before, or a replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored answer to an earlier request with this key"))),
+        (status = 200, description = "VOIDED, with its refund (or voided before, or a \
+            replay)", body = Reservation,
+         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
+             answer to an earlier request with this key"))),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/void")]
 pub async fn void_reservation(
-    caller: Caller,
+    request: KeyedRequest<VoidReservationRequest, true>,
     state: web::Data<AppState>,
-    req: HttpRequest,
-    key: IdempotencyKeyHeader,
     reservation: ReservationPath,
-    body: JsonBody<VoidReservationRequest, true>,
 ) -> Result<HttpResponse, ApiError> {
+    let KeyedRequest {
+        caller,
+        idempotency,
+        body,
+    } = request;
     let request = VoidRequest {
-        reservation_id: record_reservation(reservation.0, &key),
-        refund: body.value.refund,
+        reservation_id: record_reservation(reservation.0, &idempotency),
+        refund: body.refund,
         actor: caller.name.clone(),
-        idempotency: caller.idempotency(key, &req, &body.canonical),
+        idempotency,
     };
     let outcome = state.store.void(&request).await?;
     keyed(
@@ -479,85 +497,47 @@ pub async fn list_reservations(
 ) -> Result<HttpResponse, ApiError> {
     const LIMIT_DEFAULT: i64 = 50;
     let mut v = Validator::default();
-    let buyer_id = v
-        .check(
-            "buyer_id",
-            query
-                .buyer_id
-                .as_deref()
-                .map(|b| BuyerId::parse(b).map(|b| b.as_str().to_owned()))
-                .transpose(),
-        )
-        .flatten();
-    let asset_id = v
-        .check(
-            "asset_id",
-            query
-                .asset_id
-                .as_deref()
-                .map(|a| AssetId::parse(a).map(|a| a.as_str().to_owned()))
-                .transpose(),
-        )
-        .flatten();
-    let status = v
-        .check(
-            "status",
-            query
-                .status
-                .as_deref()
-                .map(ReservationStatus::parse_or_list)
-                .transpose(),
-        )
-        .flatten();
-    let limit = v
-        .check("limit", page_limit(query.limit.as_deref(), LIMIT_DEFAULT))
-        .unwrap_or(LIMIT_DEFAULT);
-    let before = v
-        .check(
-            "cursor",
-            query.cursor.as_deref().map(decode_cursor).transpose(),
-        )
-        .flatten();
+    let buyer_id = v.optional("buyer_id", query.buyer_id.as_deref(), |b| {
+        BuyerId::parse(b).map(BuyerId::into_inner)
+    });
+    let asset_id = v.optional("asset_id", query.asset_id.as_deref(), |a| {
+        AssetId::parse(a).map(AssetId::into_inner)
+    });
+    let status = v.optional(
+        "status",
+        query.status.as_deref(),
+        ReservationStatus::parse_or_list,
+    );
+    let page = v.page(
+        query.limit.as_deref(),
+        query.cursor.as_deref(),
+        LIMIT_DEFAULT,
+        |id| ReservationId::parse(id).map(|_| id.to_owned()),
+    );
     v.finish()?;
-    let mut items = state
+    let items = state
         .store
         .list_reservations(&ReservationPage {
             buyer_id,
             asset_id,
             status,
             owner: caller.owner_filter(),
-            before,
-            limit: limit + 1,
+            before: page.after,
+            limit: page.limit + 1,
         })
         .await?;
-    let next_cursor = if items.len() as i64 > limit {
-        items.truncate(limit as usize);
-        items
-            .last()
-            .map(|r| URL_SAFE_NO_PAD.encode(&r.reservation_id))
-    } else {
-        None
-    };
+    let (items, next_cursor) = page_of(items, page.limit, |r| cursor_of(&r.reservation_id));
     Ok(respond(Reply::json(
         200,
         &ReservationList { items, next_cursor },
     )))
 }
 
-fn decode_cursor(cursor: &str) -> Result<String, String> {
-    URL_SAFE_NO_PAD
-        .decode(cursor)
-        .ok()
-        .and_then(|b| String::from_utf8(b).ok())
-        .filter(|id| ReservationId::parse(id).is_some())
-        .ok_or_else(|| "is not a cursor this service issued".to_owned())
-}
-
 /// Names the reservation and key in the request's span.
-fn record_reservation(id: ReservationId, key: &IdempotencyKeyHeader) -> ReservationId {
+fn record_reservation(id: ReservationId, idempotency: &Idempotency) -> ReservationId {
     let span = tracing::Span::current();
     span.record("reservation_id", id.to_string());
-    span.record("idempotency_key", key.0.as_str());
+    span.record("idempotency_key", idempotency.key.as_str());
     id
 }
 

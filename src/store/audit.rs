@@ -42,7 +42,8 @@ macro_rules! fates {
            SELECT f.payment_scope, f.payment_reference, 'refunded', f.reservation_id \
              FROM refunds f JOIN reservations r ON r.id = f.reservation_id \
             WHERE NOT (f.reason = 'SALE_VOIDED' AND r.status = 'VOIDED' \
-                       AND r.payment_scope = f.payment_scope AND r.payment_reference = f.payment_reference))"
+                       AND r.payment_scope = f.payment_scope AND r.payment_reference = \
+                           f.payment_reference))"
     };
 }
 
@@ -60,9 +61,11 @@ macro_rules! has_event {
 pub(crate) const CHECKS: &[Check] = &[
     Check {
         name: "sold_has_one_commit",
-        description: "Every SOLD asset has exactly one COMMITTED reservation, and it is the asset's current one.",
+        description: "Every SOLD asset has exactly one COMMITTED reservation, and it is the \
+            asset's current one.",
         sql: "SELECT a.id AS example FROM assets a WHERE a.status = 'SOLD' AND ( \
-                (SELECT count(*) FROM reservations r WHERE r.asset_id = a.id AND r.status = 'COMMITTED') <> 1 \
+                (SELECT count(*) FROM reservations r WHERE r.asset_id = a.id AND r.status = \
+                    'COMMITTED') <> 1 \
                 OR NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = a.current_reservation_id \
                                AND r.asset_id = a.id AND r.status = 'COMMITTED'))",
         postgres: None,
@@ -70,9 +73,11 @@ pub(crate) const CHECKS: &[Check] = &[
     },
     Check {
         name: "held_matches_its_reservation",
-        description: "Every HELD asset's current reservation is HELD, for that asset, with the same expiry.",
+        description: "Every HELD asset's current reservation is HELD, for that asset, with the \
+            same expiry.",
         sql: "SELECT a.id AS example FROM assets a WHERE a.status = 'HELD' AND NOT EXISTS ( \
-                SELECT 1 FROM reservations r WHERE r.id = a.current_reservation_id AND r.asset_id = a.id \
+                SELECT 1 FROM reservations r WHERE r.id = a.current_reservation_id AND \
+                    r.asset_id = a.id \
                 AND r.status = 'HELD' AND r.expires_at = a.hold_expires_at)",
         postgres: None,
         history: false,
@@ -80,15 +85,18 @@ pub(crate) const CHECKS: &[Check] = &[
     Check {
         name: "one_held_reservation_per_asset",
         description: "At most one HELD reservation per asset.",
-        sql: "SELECT asset_id AS example FROM reservations WHERE status = 'HELD' GROUP BY asset_id HAVING count(*) > 1",
+        sql: "SELECT asset_id AS example FROM reservations WHERE status = 'HELD' GROUP BY \
+            asset_id HAVING count(*) > 1",
         postgres: None,
         history: false,
     },
     Check {
         name: "committed_is_sold",
         description: "Every COMMITTED reservation's asset is SOLD with it as current.",
-        sql: "SELECT r.id AS example FROM reservations r WHERE r.status = 'COMMITTED' AND NOT EXISTS ( \
-                SELECT 1 FROM assets a WHERE a.id = r.asset_id AND a.status = 'SOLD' AND a.current_reservation_id = r.id)",
+        sql: "SELECT r.id AS example FROM reservations r WHERE r.status = 'COMMITTED' AND NOT \
+            EXISTS ( \
+                SELECT 1 FROM assets a WHERE a.id = r.asset_id AND a.status = 'SOLD' AND \
+                    a.current_reservation_id = r.id)",
         postgres: None,
         history: false,
     },
@@ -97,17 +105,21 @@ pub(crate) const CHECKS: &[Check] = &[
         description: "Every stored 409 that announced a refund points at that refund.",
         sql: "SELECT i.key AS example FROM idempotency_keys i \
               WHERE i.status_code = 409 AND json_extract(i.body, '$.refund.refund_id') IS NOT NULL \
-              AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.id = json_extract(i.body, '$.refund.refund_id'))",
+              AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.id = json_extract(i.body, \
+                  '$.refund.refund_id'))",
         postgres: Some(
             "SELECT i.key AS example FROM idempotency_keys i \
              WHERE i.status_code = 409 AND (i.body::jsonb -> 'refund' ->> 'refund_id') IS NOT NULL \
-             AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.id = i.body::jsonb -> 'refund' ->> 'refund_id')",
+             AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.id = i.body::jsonb -> 'refund' ->> \
+                 'refund_id')",
         ),
         history: false,
     },
     Check {
         name: "payment_has_one_fate",
-        description: "Each payment reference (per payments client) bought one reservation or is refunded once, never both, never twice; a voided sale's own refund is part of its fate.",
+        description: "Each payment reference (per payments client) bought one reservation or is \
+            refunded once, never both, never twice; a voided sale's own refund is part of its \
+                fate.",
         sql: concat!(
             "WITH ",
             fates!(),
@@ -122,25 +134,30 @@ pub(crate) const CHECKS: &[Check] = &[
     },
     Check {
         name: "payments_record_their_fate",
-        description: "Every sale and every refund of a payment is its payment's recorded fate, and every recorded fate is a sale or a refund.",
+        description: "Every sale and every refund of a payment is its payment's recorded fate, \
+            and every recorded fate is a sale or a refund.",
         sql: concat!(
             "WITH ",
             fates!(),
             " SELECT f.scope || ' ' || f.reference AS example FROM fates f WHERE f.scope <> '' \
-              AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.scope = f.scope AND p.reference = f.reference \
+              AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.scope = f.scope AND p.reference = \
+                  f.reference \
                               AND p.reservation_id = f.reservation_id \
                               AND (p.refund_id IS NULL) = (f.kind = 'kept')) \
               UNION ALL \
               SELECT p.scope || ' ' || p.reference FROM payments p WHERE NOT EXISTS ( \
                 SELECT 1 FROM fates f WHERE f.scope = p.scope AND f.reference = p.reference \
-                AND f.reservation_id = p.reservation_id AND (p.refund_id IS NULL) = (f.kind = 'kept'))"
+                AND f.reservation_id = p.reservation_id AND (p.refund_id IS NULL) = (f.kind = \
+                    'kept'))"
         ),
         postgres: None,
         history: false,
     },
     Check {
         name: "payment_fates_before_scopes",
-        description: "History: payment references kept and refunded, or refunded twice, before each reference had one fate (recorded without their client). Listed for reconciliation; existing refunds are left as they are.",
+        description: "History: payment references kept and refunded, or refunded twice, before \
+            each reference had one fate (recorded without their client). Listed for \
+                reconciliation; existing refunds are left as they are.",
         sql: concat!(
             "WITH ",
             fates!(),
@@ -165,7 +182,8 @@ pub(crate) const CHECKS: &[Check] = &[
             ") OR (r.status = 'EXPIRED' AND NOT ",
             has_event!("reservation.expired"),
             ")) UNION ALL SELECT f.id FROM refunds f WHERE f.created_at >= $1 AND NOT EXISTS ( \
-               SELECT 1 FROM events e WHERE e.asset_id = f.asset_id AND e.type = 'refund.requested' \
+               SELECT 1 FROM events e WHERE e.asset_id = f.asset_id AND e.type = \
+                   'refund.requested' \
                AND e.data LIKE '%\"refund_id\":\"' || f.id || '\"%')"
         ),
         postgres: None,
@@ -173,22 +191,28 @@ pub(crate) const CHECKS: &[Check] = &[
     },
     Check {
         name: "event_sequences_have_no_gaps",
-        description: "Each asset's event sequence runs without gaps or duplicates up to its last number.",
+        description: "Each asset's event sequence runs without gaps or duplicates up to its last \
+            number.",
         sql: "SELECT a.id AS example FROM assets a LEFT JOIN ( \
-                SELECT asset_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi FROM events GROUP BY asset_id \
+                SELECT asset_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi FROM \
+                    events GROUP BY asset_id \
               ) s ON s.asset_id = a.id \
-              WHERE coalesce(s.hi, 0) <> a.last_event_sequence OR (s.n IS NOT NULL AND s.hi - s.lo + 1 <> s.n)",
+              WHERE coalesce(s.hi, 0) <> a.last_event_sequence OR (s.n IS NOT NULL AND s.hi - \
+                  s.lo + 1 <> s.n)",
         postgres: None,
         history: false,
     },
     Check {
         name: "voided_sales_are_over",
-        description: "No VOIDED reservation is its asset's current one, and no payment refunded for a sale still pays for it.",
-        sql: "SELECT r.id AS example FROM reservations r JOIN assets a ON a.current_reservation_id = r.id \
+        description: "No VOIDED reservation is its asset's current one, and no payment refunded \
+            for a sale still pays for it.",
+        sql: "SELECT r.id AS example FROM reservations r JOIN assets a ON \
+            a.current_reservation_id = r.id \
               WHERE r.status = 'VOIDED' \
               UNION ALL \
               SELECT f.id FROM refunds f WHERE f.reason = 'SALE_VOIDED' AND NOT EXISTS ( \
-                SELECT 1 FROM reservations r WHERE r.id = f.reservation_id AND r.status = 'VOIDED')",
+                SELECT 1 FROM reservations r WHERE r.id = f.reservation_id AND r.status = \
+                    'VOIDED')",
         postgres: None,
         history: false,
     },
@@ -202,7 +226,8 @@ pub(crate) const CHECKS: &[Check] = &[
     },
     Check {
         name: "answers_point_at_changes",
-        description: "Every stored answer points at a reservation that exists and that its body names.",
+        description: "Every stored answer points at a reservation that exists and that its body \
+            names.",
         sql: "SELECT i.scope || ' ' || i.key AS example FROM idempotency_keys i \
               WHERE NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = i.reservation_id) \
               OR (i.status_code IN (200, 201) AND i.body NOT LIKE '%' || i.reservation_id || '%')",

@@ -397,7 +397,11 @@ macro_rules! bounded {
     ($self:ident, $context:literal, $store:ident => $call:expr) => {
         bounded!($self, $context, pg $store => $call, lite $store => $call)
     };
-    ($self:ident, $context:literal, pg $pg:ident => $pg_call:expr, lite $lite:ident => $lite_call:expr) => {{
+    (
+        $self:ident, $context:literal,
+        pg $pg:ident => $pg_call:expr,
+        lite $lite:ident => $lite_call:expr
+    ) => {{
         let timeout = $self.settings().call_timeout;
         let gate = outcome::Gate::new();
         let call = outcome::with_gate(gate.clone(), async {

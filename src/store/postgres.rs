@@ -255,9 +255,12 @@ impl PgStore {
              ORDER BY txid, position LIMIT $3"
             )
         } else {
-            format!("SELECT txid::text::bigint AS tx, position, {EVENT_COLUMNS} FROM events \
-             WHERE (txid, position) > ($1::text::xid8, $2) AND txid < pg_snapshot_xmin(pg_current_snapshot()) \
-             ORDER BY txid, position LIMIT $3")
+            format!(
+                "SELECT txid::text::bigint AS tx, position, {EVENT_COLUMNS} FROM events \
+             WHERE (txid, position) > ($1::text::xid8, $2) AND txid < \
+                 pg_snapshot_xmin(pg_current_snapshot()) \
+             ORDER BY txid, position LIMIT $3"
+            )
         };
         let rows = sql_query(sql)
             .bind::<Text, _>(after.tx.to_string())
@@ -286,7 +289,8 @@ impl PgStore {
     ) -> StoreResult<Vec<Delivery>> {
         let mut conn = self.conn().await?;
         let rows = sql_query(format!(
-            "UPDATE events SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2) \
+            "UPDATE events SET attempts = attempts + 1, next_attempt_at = now() + \
+                make_interval(secs => $2) \
              WHERE id IN (SELECT id FROM events \
                           WHERE delivered_at IS NULL AND dead_at IS NULL \
                             AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
@@ -322,7 +326,8 @@ impl PgStore {
             "UPDATE events SET \
                delivered_at = CASE WHEN $2::text IS NULL THEN now() END, \
                dead_at = CASE WHEN $2::text IS NOT NULL AND $3::float8 IS NULL THEN now() END, \
-               next_attempt_at = CASE WHEN $3::float8 IS NOT NULL THEN now() + make_interval(secs => $3) END, \
+               next_attempt_at = CASE WHEN $3::float8 IS NOT NULL THEN now() + \
+                   make_interval(secs => $3) END, \
                last_error = $2 \
              WHERE id = $1",
         )
@@ -413,7 +418,8 @@ impl Backend for PgStore {
         let mut conn = self.conn().await?;
         let purged = sql_query(
             "DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
-               SELECT scope, key FROM idempotency_keys WHERE created_at < now() - make_interval(secs => $1) \
+               SELECT scope, key FROM idempotency_keys WHERE created_at < now() - \
+                   make_interval(secs => $1) \
                ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
         )
         .bind::<Double, _>(self.settings.idempotency_retention.as_secs_f64())
@@ -645,7 +651,8 @@ SELECT now() AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.cre
 /// It reads for many requests at once: `$1`, `$2` and `$3` are the requests'
 /// asset ids, key scopes and keys, answered one row each in their order.
 pub const HOLD_SNAPSHOT_SQL: &str = "\
-SELECT now() AS now, a.status, a.hold_expires_at, a.available_from, i.fingerprint, i.status_code, i.body, i.location
+SELECT now() AS now, a.status, a.hold_expires_at, a.available_from, i.fingerprint, \
+    i.status_code, i.body, i.location
   FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS r(asset_id, scope, key, ord)
   LEFT JOIN assets a ON a.id = r.asset_id
   LEFT JOIN idempotency_keys i ON i.scope = r.scope AND i.key = r.key
@@ -770,7 +777,8 @@ async fn claim_available(
 pub const HOLD_SQL: &str = "\
 WITH live AS (
     SELECT count(*) AS holds FROM reservations
-     WHERE $14::bigint IS NOT NULL AND owner = $13 AND buyer_id = $3 AND status = 'HELD' AND expires_at > $4
+     WHERE $14::bigint IS NOT NULL AND owner = $13 AND buyer_id = $3 AND status = 'HELD' AND \
+         expires_at > $4
 ), claimed AS (
     UPDATE assets
        SET status = 'HELD', hold_expires_at = $5, current_reservation_id = $2,
@@ -786,11 +794,13 @@ WITH live AS (
     INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner)
     SELECT $6, id, last_event_sequence, 'reservation.held', $7, $4, $13 FROM claimed
 ), answer AS (
-    INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at)
+    INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, \
+        reservation_id, created_at)
     SELECT $8, $9, $10, $11, $7, $12, id, $4 FROM reservation
 )
 SELECT (SELECT count(*) FROM claimed) AS claimed,
-       coalesce($14::bigint IS NOT NULL AND (SELECT holds FROM live) >= $14, false) AS limit_reached";
+       coalesce($14::bigint IS NOT NULL AND (SELECT holds FROM live) >= $14, false) AS \
+           limit_reached";
 
 /// The expiry statement, with the lock clause of its choice of assets.
 macro_rules! expire_sql {
@@ -802,8 +812,10 @@ macro_rules! expire_sql {
                ORDER BY id LIMIT $3 ",
             $lock,
             " ), a AS ( \
-               UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
-                      version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $1 \
+               UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, \
+                   current_reservation_id = NULL, \
+                      version = version + 1, last_event_sequence = last_event_sequence + 1, \
+                          updated_at = $1 \
                FROM lapsed WHERE assets.id = lapsed.id \
                RETURNING assets.id, assets.last_event_sequence) \
              UPDATE reservations SET status = 'EXPIRED' FROM a \

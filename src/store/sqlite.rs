@@ -324,10 +324,16 @@ impl SqliteStore {
     ) -> StoreResult<Vec<(FeedCursor, Event)>> {
         self.read("read the event feed", move |c| {
             let sql = if dead {
-                format!("SELECT 0 AS tx, position, {EVENT_COLUMNS} FROM events WHERE dead_at IS NOT NULL AND position > ? \
-                 ORDER BY position LIMIT ?")
+                format!(
+                    "SELECT 0 AS tx, position, {EVENT_COLUMNS} FROM events WHERE dead_at IS \
+                    NOT NULL AND position > ? \
+                 ORDER BY position LIMIT ?"
+                )
             } else {
-                format!("SELECT 0 AS tx, position, {EVENT_COLUMNS} FROM events WHERE position > ? ORDER BY position LIMIT ?")
+                format!(
+                    "SELECT 0 AS tx, position, {EVENT_COLUMNS} FROM events WHERE position > \
+                    ? ORDER BY position LIMIT ?"
+                )
             };
             let rows = sql_query(sql)
                 .bind::<BigInt, _>(after.position)
@@ -336,7 +342,10 @@ impl SqliteStore {
                 .context("read the event feed")?;
             rows.into_iter()
                 .map(|r| {
-                    let cursor = FeedCursor { tx: r.tx, position: r.position };
+                    let cursor = FeedCursor {
+                        tx: r.tx,
+                        position: r.position,
+                    };
                     r.event.into_event().map(|e| (cursor, e))
                 })
                 .collect()
@@ -386,16 +395,26 @@ impl SqliteStore {
             let now = clock();
             let (delivered, dead, next, error) = match result {
                 DeliveryResult::Delivered => (Some(now), None, None, None),
-                DeliveryResult::Failed { error, retry_in: Some(delay) } => (
+                DeliveryResult::Failed {
+                    error,
+                    retry_in: Some(delay),
+                } => (
                     None,
                     None,
-                    Some(now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::hours(1))),
+                    Some(
+                        now + chrono::Duration::from_std(delay)
+                            .unwrap_or(chrono::Duration::hours(1)),
+                    ),
                     Some(error),
                 ),
-                DeliveryResult::Failed { error, retry_in: None } => (None, Some(now), None, Some(error)),
+                DeliveryResult::Failed {
+                    error,
+                    retry_in: None,
+                } => (None, Some(now), None, Some(error)),
             };
             sql_query(
-                "UPDATE events SET delivered_at = ?, dead_at = ?, next_attempt_at = ?, last_error = ? WHERE id = ?",
+                "UPDATE events SET delivered_at = ?, dead_at = ?, next_attempt_at = ?, \
+                    last_error = ? WHERE id = ?",
             )
             .bind::<Nullable<Instant>, _>(delivered)
             .bind::<Nullable<Instant>, _>(dead)
@@ -468,7 +487,8 @@ impl Backend for SqliteStore {
             .write("purge delivered events", move |c| {
                 Ok(sql_query(
                     "DELETE FROM events WHERE position IN ( \
-                       SELECT position FROM events WHERE delivered_at IS NOT NULL AND created_at < ? \
+                       SELECT position FROM events WHERE delivered_at IS NOT NULL AND created_at \
+                           < ? \
                        ORDER BY position LIMIT ?)",
                 )
                 .bind::<Instant, _>(clock() - retention)
@@ -498,7 +518,8 @@ impl Backend for SqliteStore {
             .write("purge idempotency records", move |c| {
                 Ok(sql_query(
                     "DELETE FROM idempotency_keys WHERE rowid IN ( \
-                       SELECT rowid FROM idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?)",
+                       SELECT rowid FROM idempotency_keys WHERE created_at < ? ORDER BY \
+                           created_at LIMIT ?)",
                 )
                 .bind::<Instant, _>(clock() - retention)
                 .bind::<BigInt, _>(limit)
@@ -563,9 +584,12 @@ impl Backend for SqliteStore {
                     expire_lapsed(c, Some(&r.asset_id), now, 1)?;
                 }
                 let sequence = sql_query(
-                    "UPDATE assets SET status = 'HELD', hold_expires_at = ?, current_reservation_id = ?, \
-                            version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ? \
-                     WHERE id = ? AND status = 'AVAILABLE' AND (available_from IS NULL OR available_from <= ?) \
+                    "UPDATE assets SET status = 'HELD', hold_expires_at = ?, \
+                        current_reservation_id = ?, \
+                            version = version + 1, last_event_sequence = last_event_sequence + \
+                                1, updated_at = ? \
+                     WHERE id = ? AND status = 'AVAILABLE' AND (available_from IS NULL OR \
+                         available_from <= ?) \
                      RETURNING last_event_sequence",
                 )
                 .bind::<Instant, _>(r.expires_at)
@@ -580,7 +604,8 @@ impl Backend for SqliteStore {
                     return Err(Abort::Retry);
                 };
                 sql_query(
-                    "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, owner) \
+                    "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, \
+                        created_at, owner) \
                      VALUES (?, ?, ?, 'HELD', ?, ?, ?)",
                 )
                 .bind::<Text, _>(&r.reservation_id)
@@ -724,7 +749,8 @@ pub(crate) fn expire_lapsed(
         id: String,
     }
     let lapsed = sql_query(
-        "SELECT id FROM assets WHERE status = 'HELD' AND hold_expires_at <= ?1 AND (?2 IS NULL OR id = ?2) \
+        "SELECT id FROM assets WHERE status = 'HELD' AND hold_expires_at <= ?1 AND (?2 IS NULL \
+            OR id = ?2) \
          ORDER BY id LIMIT ?3",
     )
     .bind::<Instant, _>(now)
@@ -734,8 +760,10 @@ pub(crate) fn expire_lapsed(
     .context("find lapsed holds")?;
     for Id { id } in &lapsed {
         let sequence = sql_query(
-            "UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL, \
-                    version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = ?1 \
+            "UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, \
+                current_reservation_id = NULL, \
+                    version = version + 1, last_event_sequence = last_event_sequence + 1, \
+                        updated_at = ?1 \
              WHERE id = ?2 RETURNING last_event_sequence",
         )
         .bind::<Instant, _>(now)
@@ -743,7 +771,8 @@ pub(crate) fn expire_lapsed(
         .get_result::<Sequence>(conn)
         .context("expire a lapsed hold")?;
         let row = sql_query(
-            "UPDATE reservations SET status = 'EXPIRED' WHERE asset_id = ? AND status = 'HELD' RETURNING *",
+            "UPDATE reservations SET status = 'EXPIRED' WHERE asset_id = ? AND status = 'HELD' \
+                RETURNING *",
         )
         .bind::<Text, _>(id)
         .get_result::<ReservationRow>(conn)

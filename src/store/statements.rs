@@ -10,7 +10,8 @@
 macro_rules! both {
     ($(
         $(#[$meta:meta])*
-        fn $name:ident $(<$gen:ident: $bound:path>)? ($conn:ident $(, $arg:ident : $ty:ty)* $(,)?) -> $ret:ty $body:block
+        fn $name:ident $(<$gen:ident: $bound:path>)?
+            ($conn:ident $(, $arg:ident : $ty:ty)* $(,)?) -> $ret:ty $body:block
     )*) => {
         /// The shared statements on a PostgreSQL connection.
         #[allow(dead_code)] // some serve SQLite alone: PostgreSQL has its own
@@ -22,7 +23,8 @@ macro_rules! both {
             type Conn = diesel_async::AsyncPgConnection;
             $(
                 $(#[$meta])*
-                pub(crate) async fn $name $(<$gen: $bound>)? ($conn: &mut Conn $(, $arg: $ty)*) -> $ret {
+                pub(crate) async fn $name $(<$gen: $bound>)?
+                    ($conn: &mut Conn $(, $arg: $ty)*) -> $ret {
                     #[allow(unused_macros)]
                     macro_rules! exec { ($e:expr) => { $e.await } }
                     $body
