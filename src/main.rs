@@ -18,7 +18,12 @@ enum Command {
     /// Serve the API (the default).
     Serve {
         /// Do not migrate the database on start.
-        #[arg(long, env = "HOLDFAST_NO_MIGRATE")]
+        #[arg(
+            long,
+            env = "HOLDFAST_NO_MIGRATE",
+            action = clap::ArgAction::SetTrue,
+            value_parser = clap::builder::BoolishValueParser::new()
+        )]
         no_migrate: bool,
     },
     /// Migrate the database and exit.

@@ -98,6 +98,7 @@ error_codes! {
     AssetSold => 409, "ASSET_SOLD";
     PayloadTooLarge => 413, "PAYLOAD_TOO_LARGE";
     UnsupportedMediaType => 415, "UNSUPPORTED_MEDIA_TYPE";
+    RequestHeadersTooLarge => 431, "REQUEST_HEADERS_TOO_LARGE";
     ValidationFailed => 422, "VALIDATION_FAILED";
     IdempotencyKeyReused => 422, "IDEMPOTENCY_KEY_REUSED";
     RateLimited => 429, "RATE_LIMITED";
@@ -116,6 +117,7 @@ pub fn title(status: u16) -> &'static str {
         409 => "Conflict",
         413 => "Content Too Large",
         415 => "Unsupported Media Type",
+        431 => "Request Header Fields Too Large",
         422 => "Unprocessable Content",
         429 => "Too Many Requests",
         503 => "Service Unavailable",

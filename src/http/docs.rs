@@ -114,6 +114,7 @@ pub fn describe(code: ErrorCode) -> &'static str {
         AssetHeld => "The asset has a live hold; withdraw with force to end it.",
         AssetSold => "The asset is sold; void the sale first.",
         PayloadTooLarge => "The body is over the size limit.",
+        RequestHeadersTooLarge => "The request line and headers are over 32 KiB.",
         UnsupportedMediaType => "The body is not sent as application/json.",
         ValidationFailed => "Fields break their rules; see errors.",
         IdempotencyKeyReused => "This Idempotency-Key was used for a different request.",

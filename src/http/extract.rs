@@ -25,7 +25,16 @@ impl FromRequest for IdempotencyKeyHeader {
     type Future = std::future::Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let value = req.headers().get("Idempotency-Key");
+        let mut values = req.headers().get_all("Idempotency-Key");
+        let value = values.next();
+        // Two keys on one request: a proxy that kept the other one would
+        // turn a retry into a second request.
+        if value.is_some() && values.next().is_some() {
+            return std::future::ready(Err(ApiError::new(
+                ErrorCode::IdempotencyKeyInvalid,
+                "send one Idempotency-Key header, not several",
+            )));
+        }
         let parsed = match value.map(|v| v.to_str()) {
             None => Err("the Idempotency-Key header is required".to_owned()),
             Some(Err(_)) => Err("the Idempotency-Key header must be printable ASCII".to_owned()),

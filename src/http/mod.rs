@@ -5,6 +5,7 @@ pub mod access;
 mod assets;
 mod console;
 mod docs;
+mod edges;
 pub mod error;
 mod events;
 mod extract;
@@ -196,7 +197,7 @@ pub fn app(
     >,
 > {
     let limit = state.api.max_body_bytes;
-    let cors = cors(state.api.cors_origins.as_deref());
+    let cors = cors(state.api.cors_origins.as_deref(), &routes.methods());
     let (app, _) = actix_web::App::new()
         .into_utoipa_app()
         .configure(configure)
@@ -227,14 +228,15 @@ pub fn app(
             cors.is_some(),
             cors.unwrap_or_default(),
         ))
+        .wrap(actix_web::middleware::from_fn(edges::edges))
         .wrap(actix_web::middleware::from_fn(observe::observe))
 }
 
 /// CORS for browser front ends, when origins are configured.
-fn cors(origins: Option<&[String]>) -> Option<actix_cors::Cors> {
+fn cors(origins: Option<&[String]>, methods: &[Method]) -> Option<actix_cors::Cors> {
     let origins = origins?;
     let mut cors = actix_cors::Cors::default()
-        .allowed_methods(["GET", "POST"])
+        .allowed_methods(methods.iter().cloned())
         .allowed_headers([
             header::AUTHORIZATION,
             header::CONTENT_TYPE,
@@ -315,6 +317,19 @@ impl RouteTable {
         Self { routes }
     }
 
+    /// Every method some route serves, HEAD wherever GET is.
+    pub fn methods(&self) -> Vec<Method> {
+        let mut methods = vec![Method::HEAD];
+        for (_, ops) in &self.routes {
+            for (method, _) in ops {
+                if !methods.contains(method) {
+                    methods.push(method.clone());
+                }
+            }
+        }
+        methods
+    }
+
     fn route(&self, path: &str) -> Option<&[(Method, String)]> {
         self.routes
             .iter()
@@ -379,11 +394,11 @@ async fn fallback(req: HttpRequest, routes: web::Data<RouteTable>) -> HttpRespon
     // The path as actix routes it (percent-decoded), not as it was sent.
     match routes.route(req.match_info().as_str()) {
         Some(methods) => {
-            let allow = methods
-                .iter()
-                .map(|(m, _)| m.as_str())
-                .collect::<Vec<_>>()
-                .join(", ");
+            let mut allowed: Vec<&str> = methods.iter().map(|(m, _)| m.as_str()).collect();
+            if allowed.contains(&"GET") {
+                allowed.push("HEAD");
+            }
+            let allow = allowed.join(", ");
             let mut response = respond(
                 Problem::new(
                     ErrorCode::MethodNotAllowed,

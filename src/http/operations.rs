@@ -269,6 +269,8 @@ const KEYED_BODY: &[(u16, &[ErrorCode])] = &[
     (422, &[ValidationFailed, IdempotencyKeyReused]),
 ];
 const DATABASE: &[(u16, &[ErrorCode])] = &[(503, &[ServiceUnavailable])];
+/// What any request may be refused for, whatever its route.
+const ANY: &[(u16, &[ErrorCode])] = &[(431, &[RequestHeadersTooLarge])];
 const GUARDED: &[(u16, &[ErrorCode])] = &[
     (401, &[Unauthenticated]),
     (403, &[Forbidden]),
@@ -295,6 +297,7 @@ impl Operation {
             .chain(input)
             .chain(guarded)
             .chain(database)
+            .chain(ANY)
         {
             match merged.iter_mut().find(|(s, _)| s == status) {
                 Some((_, all)) => {

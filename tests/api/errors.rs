@@ -79,11 +79,11 @@ async fn unknown_routes_are_404_and_wrong_methods_405_with_allow(app: TestApp) {
     problem(app.get("/v2/anything").await, 404, "NOT_FOUND").await;
     problem(app.get("/").await, 404, "NOT_FOUND").await;
     for (method, path, allow) in [
-        (Method::DELETE, "/v1/assets/A-1", "GET, PATCH"),
-        (Method::PUT, "/v1/assets", "GET, POST"),
+        (Method::DELETE, "/v1/assets/A-1", "GET, PATCH, HEAD"),
+        (Method::PUT, "/v1/assets", "GET, POST, HEAD"),
         (Method::GET, "/v1/assets/A-1/reservations", "POST"),
         (Method::GET, "/v1/reservations/res_x/commit", "POST"),
-        (Method::POST, "/healthz", "GET"),
+        (Method::POST, "/healthz", "GET, HEAD"),
     ] {
         let response = app
             .request(method.clone(), path)

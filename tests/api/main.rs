@@ -9,6 +9,7 @@ mod audit;
 mod backups;
 mod commits;
 mod console;
+mod edges;
 mod errors;
 mod faults;
 mod holds;

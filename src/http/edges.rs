@@ -1,0 +1,110 @@
+//! What every answer and every request go through, whatever route they
+//! reach: the size of the request head, HEAD served as GET, the headers that
+//! keep answers out of caches and away from content sniffing, and browser
+//! refusals (CORS) answered as problems like every other error.
+
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::Method;
+use actix_web::middleware::Next;
+
+use super::error::{respond, PROBLEM_JSON};
+use crate::reply::{ErrorCode, Problem};
+
+/// The largest request head (request line and headers) accepted.
+pub const MAX_HEAD_BYTES: usize = 32 * 1024;
+
+/// The size of the request line and headers as sent.
+fn head_bytes(req: &ServiceRequest) -> usize {
+    let line = req.method().as_str().len() + req.uri().to_string().len() + 12;
+    req.headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum::<usize>()
+        + line
+}
+
+pub async fn edges(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    if head_bytes(&req) > MAX_HEAD_BYTES {
+        let problem = Problem::new(
+            ErrorCode::RequestHeadersTooLarge,
+            format!("The request line and headers are over {MAX_HEAD_BYTES} bytes."),
+        );
+        return Ok(req.into_response(respond(problem.into_reply())));
+    }
+    // HEAD is answered wherever GET is, as GET without its body: the
+    // connection writes a HEAD request's answer without one.
+    if req.method() == Method::HEAD {
+        req.head_mut().method = Method::GET;
+    }
+    let preflight = req.method() == Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let api = req.path() == "/v1" || req.path().starts_with("/v1/");
+    let mut response = next.call(req).await?.map_into_boxed_body();
+    if preflight && response.status().is_client_error() && !is_problem(&response) {
+        response = refused_preflight(response).await;
+    }
+    let headers = response.headers_mut();
+    if !headers.contains_key(header::X_CONTENT_TYPE_OPTIONS) {
+        headers.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+    }
+    // Answers about reservations, payments and refunds are not for caches.
+    if api {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    Ok(response)
+}
+
+fn is_problem(response: &ServiceResponse<BoxBody>) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()))
+}
+
+/// A preflight the CORS rules refused, as a problem: which origin, method or
+/// header was not allowed, in the CORS layer's own words.
+async fn refused_preflight(response: ServiceResponse<BoxBody>) -> ServiceResponse<BoxBody> {
+    let (req, answer) = response.into_parts();
+    let reason = actix_web::body::to_bytes(answer.into_body())
+        .await
+        .ok()
+        .and_then(|b| String::from_utf8(b.to_vec()).ok())
+        .filter(|text| !text.trim().is_empty())
+        .unwrap_or_else(|| "the request is not allowed from this origin".to_owned());
+    let problem = Problem::new(
+        ErrorCode::Forbidden,
+        format!(
+            "This browser request is not allowed: {}. Allowed origins are set by \
+             HOLDFAST_CORS_ORIGINS.",
+            reason.trim().trim_end_matches('.')
+        ),
+    );
+    ServiceResponse::new(req, respond(problem.into_reply()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::test::TestRequest;
+
+    #[test]
+    fn the_head_counts_line_and_headers() {
+        let small = TestRequest::get().uri("/v1/assets").to_srv_request();
+        assert!(head_bytes(&small) < 100);
+        let big = TestRequest::get()
+            .uri("/v1/assets")
+            .insert_header(("X-Big", "x".repeat(MAX_HEAD_BYTES)))
+            .to_srv_request();
+        assert!(head_bytes(&big) > MAX_HEAD_BYTES);
+    }
+}
