@@ -95,6 +95,22 @@ impl TestApp {
         }
     }
 
+    /// Moves one HELD reservation `by` into the past, as if it had been taken
+    /// that much earlier: its `created_at` and `expires_at` and its asset's
+    /// `hold_expires_at` shift together, so both expiries stay equal (as the
+    /// audit requires). What waiting `by` does to the hold, without the wait.
+    pub async fn age_hold(&self, reservation: &str, by: Duration) {
+        self.db.age_hold(reservation, Age::By(by)).await;
+    }
+
+    /// Ages one HELD reservation (see [`TestApp::age_hold`]) until its hold
+    /// lapsed a second ago, by the clock that decides: the database's on
+    /// PostgreSQL, the service's on SQLite. No sweep runs: the rows still say
+    /// HELD, and only the effective status is EXPIRED.
+    pub async fn lapse(&self, reservation: &str) {
+        self.db.age_hold(reservation, Age::PastExpiry).await;
+    }
+
     pub fn database_url(&self) -> &str {
         &self.db.url
     }
@@ -315,6 +331,152 @@ impl TestDb {
             }
         }
     }
+}
+
+/// How far [`TestDb::age_hold`] moves a hold into the past.
+#[derive(Clone, Copy)]
+enum Age {
+    By(Duration),
+    /// Until its expiry is a second past.
+    PastExpiry,
+}
+
+impl TestDb {
+    /// Shifts a HELD reservation's `created_at` and `expires_at` and its
+    /// asset's `hold_expires_at` back by one amount, in one transaction.
+    /// Panics unless the reservation is HELD and its asset held by it.
+    async fn age_hold(&self, reservation: &str, age: Age) {
+        let (reservations, assets) = match &self.kind {
+            DbKind::Postgres { .. } => {
+                use diesel::sql_types::Text;
+                use diesel_async::RunQueryDsl;
+                #[derive(diesel::QueryableByName)]
+                struct Aged {
+                    #[diesel(sql_type = diesel::sql_types::BigInt)]
+                    reservations: i64,
+                    #[diesel(sql_type = diesel::sql_types::BigInt)]
+                    assets: i64,
+                }
+                // PostgreSQL keeps instants as timestamptz: interval arithmetic
+                // is exact, and now() is the clock the service decides by.
+                let shift = match age {
+                    Age::By(by) => format!("interval '{} microseconds'", by.as_micros()),
+                    Age::PastExpiry => {
+                        "greatest(expires_at - now() + interval '1 second', interval '0')"
+                            .to_owned()
+                    }
+                };
+                let mut conn = AsyncPgConnection::establish(&self.url)
+                    .await
+                    .expect("connect");
+                let aged = diesel::sql_query(format!(
+                    "WITH shift AS ( \
+                       SELECT {shift} AS d FROM reservations WHERE id = $1 AND status = 'HELD' FOR UPDATE), \
+                     r AS ( \
+                       UPDATE reservations SET created_at = created_at - shift.d, expires_at = expires_at - shift.d \
+                       FROM shift WHERE id = $1 RETURNING 1), \
+                     a AS ( \
+                       UPDATE assets SET hold_expires_at = hold_expires_at - shift.d \
+                       FROM shift WHERE status = 'HELD' AND current_reservation_id = $1 RETURNING 1) \
+                     SELECT (SELECT count(*) FROM r) AS reservations, (SELECT count(*) FROM a) AS assets"
+                ))
+                .bind::<Text, _>(reservation)
+                .get_result::<Aged>(&mut conn)
+                .await
+                .expect("age the hold");
+                (aged.reservations, aged.assets)
+            }
+            DbKind::Sqlite { dir } => {
+                use diesel::connection::SimpleConnection;
+                use diesel::sql_types::Text;
+                use diesel::{Connection, OptionalExtension, RunQueryDsl};
+                #[derive(diesel::QueryableByName)]
+                struct Held {
+                    #[diesel(sql_type = Text)]
+                    created_at: String,
+                    #[diesel(sql_type = Text)]
+                    expires_at: String,
+                }
+                #[derive(diesel::QueryableByName)]
+                struct Asset {
+                    #[diesel(sql_type = Text)]
+                    hold_expires_at: String,
+                }
+                let mut conn = diesel::SqliteConnection::establish(
+                    &dir.join("holdfast.db").display().to_string(),
+                )
+                .expect("open SQLite");
+                conn.batch_execute("PRAGMA busy_timeout = 5000;")
+                    .expect("busy timeout");
+                conn.immediate_transaction(|conn| {
+                    let held = diesel::sql_query(
+                        "SELECT created_at, expires_at FROM reservations WHERE id = ? AND status = 'HELD'",
+                    )
+                    .bind::<Text, _>(reservation)
+                    .get_result::<Held>(conn)
+                    .optional()?;
+                    let asset = diesel::sql_query(
+                        "SELECT hold_expires_at FROM assets WHERE status = 'HELD' AND current_reservation_id = ?",
+                    )
+                    .bind::<Text, _>(reservation)
+                    .get_result::<Asset>(conn)
+                    .optional()?;
+                    let Some(held) = held else {
+                        return Ok((0, i64::from(asset.is_some())));
+                    };
+                    // SQLite keeps instants as fixed-width RFC 3339 UTC text and
+                    // compares them as text; the service's clock is this
+                    // process's, so the shift is computed here and written in
+                    // the service's own format.
+                    let shift = match age {
+                        Age::By(by) => chrono::Duration::from_std(by).expect("a shift"),
+                        Age::PastExpiry => (instant(&held.expires_at) - chrono::Utc::now()
+                            + chrono::Duration::seconds(1))
+                        .max(chrono::Duration::zero()),
+                    };
+                    let earlier = |text: &str| stored_instant(instant(text) - shift);
+                    let reservations = diesel::sql_query(
+                        "UPDATE reservations SET created_at = ?, expires_at = ? WHERE id = ?",
+                    )
+                    .bind::<Text, _>(earlier(&held.created_at))
+                    .bind::<Text, _>(earlier(&held.expires_at))
+                    .bind::<Text, _>(reservation)
+                    .execute(conn)?;
+                    let assets = match asset {
+                        Some(asset) => diesel::sql_query(
+                            "UPDATE assets SET hold_expires_at = ? \
+                             WHERE status = 'HELD' AND current_reservation_id = ?",
+                        )
+                        .bind::<Text, _>(earlier(&asset.hold_expires_at))
+                        .bind::<Text, _>(reservation)
+                        .execute(conn)?,
+                        None => 0,
+                    };
+                    diesel::QueryResult::Ok((reservations as i64, assets as i64))
+                })
+                .expect("age the hold")
+            }
+        };
+        assert_eq!(
+            (reservations, assets),
+            (1, 1),
+            "only a HELD reservation, whose asset it holds, is aged: {reservation}"
+        );
+    }
+}
+
+/// An instant as SQLite keeps it.
+fn instant(text: &str) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .unwrap_or_else(|e| panic!("stored instant {text:?}: {e}"))
+        .with_timezone(&chrono::Utc)
+}
+
+/// An instant written as the service writes it on SQLite (`format_timestamp`):
+/// RFC 3339 in UTC with exactly six fraction digits, so that it compares as
+/// text.
+fn stored_instant(t: chrono::DateTime<chrono::Utc>) -> String {
+    holdfast::domain::format_timestamp(&t)
 }
 
 impl Drop for TestDb {

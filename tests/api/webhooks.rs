@@ -190,9 +190,9 @@ async fn two_dispatchers_deliver_each_event_once(app: TestApp) {
 async fn a_late_commit_is_delivered_as_one_refund_request(app: TestApp) {
     let receiver = Receiver::start(0).await;
     app.create_asset("W-4").await;
-    let r = app.hold("W-4", "b", 1).await;
+    let r = app.hold("W-4", "b", 60).await;
     let id = r["reservation_id"].as_str().unwrap();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.lapse(id).await;
     for key in ["late-1", "late-1", "late-2"] {
         assert_eq!(app.commit(id, key, "pay-late").await.status(), 409);
     }
