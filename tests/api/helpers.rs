@@ -49,8 +49,15 @@ pub struct TestApp {
     pub address: String,
     pub client: Client,
     pub store: Store,
-    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    server: Server,
     db: TestDb,
+}
+
+/// What serves a [`TestApp`]: the application in this process, or the
+/// `holdfast` binary as a process of its own.
+enum Server {
+    Task(tokio::task::JoinHandle<std::io::Result<()>>),
+    Process(ServeProcess),
 }
 
 impl TestApp {
@@ -90,9 +97,73 @@ impl TestApp {
             address,
             client,
             store,
-            server: Some(server),
+            server: Server::Task(server),
             db,
         }
+    }
+
+    /// The `holdfast` binary serving on a port of its own, against a database
+    /// of the test's own, with the test settings (hold lengths from 1 s, no
+    /// janitor): a process whose `/metrics` no other test touches. `adjust`
+    /// may set or override environment variables; it gets the database URL.
+    /// `store` opens the same database directly, not through the process.
+    pub async fn try_spawn_process(
+        backend: Backend,
+        adjust: impl FnOnce(&mut std::process::Command, &str),
+    ) -> Option<Self> {
+        let db = TestDb::create(backend).await?;
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"));
+        command.arg("serve");
+        // Only the settings given here: none from the environment of the run.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("HOLDFAST_") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .env("HOLDFAST_DATABASE_URL", &db.url)
+            .env("HOLDFAST_BIND", "127.0.0.1:0")
+            .env("HOLDFAST_HOLD_SECONDS_MIN", "1")
+            .env("HOLDFAST_JANITOR_INTERVAL_SECONDS", "0")
+            .env("HOLDFAST_WORKERS", "2")
+            .env("HOLDFAST_LOG_FORMAT", "json")
+            .env("RUST_LOG", "info");
+        adjust(&mut command, &db.url);
+        let process = ServeProcess::start(command).await;
+        let address = format!("http://127.0.0.1:{}", process.port);
+        let store = Store::open(&Config::with_database(db.url.clone()))
+            .await
+            .expect("open the test database");
+        let client = Client::builder()
+            .timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(200)
+            .build()
+            .expect("an HTTP client");
+        Some(Self {
+            backend,
+            address,
+            client,
+            store,
+            server: Server::Process(process),
+            db,
+        })
+    }
+
+    /// The output of a [`TestApp::try_spawn_process`] app so far, once a line
+    /// containing `needle` is in it (waiting up to 10 s for that line).
+    pub async fn process_output(&self, needle: &str) -> String {
+        let Server::Process(process) = &self.server else {
+            panic!("the app runs in this process: it has no output of its own");
+        };
+        for _ in 0..100 {
+            let output = process.output.lock().unwrap().clone();
+            if output.contains(needle) {
+                return output;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let output = process.output.lock().unwrap().clone();
+        panic!("no line with {needle:?} in the output of holdfast:\n{output}");
     }
 
     /// Moves one HELD reservation `by` into the past, as if it had been taken
@@ -215,10 +286,84 @@ impl TestApp {
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        if let Some(server) = self.server.take() {
-            server.abort();
+        match &mut self.server {
+            Server::Task(server) => server.abort(),
+            Server::Process(process) => process.stop(),
         }
     }
+}
+
+/// `holdfast serve` as a child process; its stdout and stderr are read into
+/// `output` as they come, so that the pipes never fill.
+struct ServeProcess {
+    child: std::process::Child,
+    port: u16,
+    output: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl ServeProcess {
+    /// Starts `command` and waits for the port it announces.
+    async fn start(mut command: std::process::Command) -> Self {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("holdfast serve starts");
+        let output = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (port_tx, port_rx) = std::sync::mpsc::channel::<u16>();
+        let streams: [Box<dyn std::io::Read + Send>; 2] = [
+            Box::new(child.stdout.take().expect("stdout")),
+            Box::new(child.stderr.take().expect("stderr")),
+        ];
+        for stream in streams {
+            let (output, port_tx) = (output.clone(), port_tx.clone());
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(stream).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(port) = announced_port(&line) {
+                        let _ = port_tx.send(port);
+                    }
+                    let mut output = output.lock().unwrap();
+                    output.push_str(&line);
+                    output.push('\n');
+                }
+            });
+        }
+        drop(port_tx);
+        let port =
+            tokio::task::spawn_blocking(move || port_rx.recv_timeout(Duration::from_secs(60)))
+                .await
+                .expect("the wait for the port");
+        match port {
+            Ok(port) => Self {
+                child,
+                port,
+                output,
+            },
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let output = output.lock().unwrap().clone();
+                panic!("holdfast announced no port ({e}):\n{output}");
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The port in `holdfast … listening on http://127.0.0.1:PORT`.
+fn announced_port(line: &str) -> Option<u16> {
+    let (_, rest) = line.split_once("listening on http://")?;
+    let (_, rest) = rest.split_once(':')?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 pub fn new_key() -> String {
