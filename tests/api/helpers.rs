@@ -710,9 +710,45 @@ async fn postgres_server() -> Option<&'static PgServer> {
             if std::env::var("CI").is_ok_and(|v| v == "true") {
                 panic!("{message}; PostgreSQL tests cannot be skipped under CI=true");
             }
-            eprintln!("SKIPPED: {message}");
+            skipped(message);
             None
         })
+}
+
+/// How many PostgreSQL tests this run skipped so far.
+static SKIPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts one skipped PostgreSQL test and says so with the count so far, and
+/// once more, with the total, when the test binary exits. Written to the
+/// terminal itself: the harness keeps a passing test's `eprintln!` to itself.
+fn skipped(why: &str) {
+    use std::io::Write;
+    let n = SKIPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {n} PostgreSQL test{} so far: {why}",
+        if n == 1 { "" } else { "s" }
+    );
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        extern "C" {
+            fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
+        }
+        extern "C" fn total() {
+            let n = SKIPPED.load(std::sync::atomic::Ordering::SeqCst);
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {n} PostgreSQL test{} in all: no PostgreSQL server was found; \
+                 only SQLite was tested",
+                if n == 1 { "" } else { "s" }
+            );
+        }
+        // SAFETY: registers a function without arguments that only writes to
+        // stderr, as the C library's atexit expects.
+        unsafe {
+            atexit(total);
+        }
+    });
 }
 
 /// Starts (once per machine) a throwaway cluster on port 55432 owned by the
