@@ -1,7 +1,5 @@
 //! `holdfast audit`: clean after real traffic, and it catches what breaks.
 
-use std::time::Duration;
-
 use serde_json::Value;
 
 use crate::backend_tests;
@@ -52,9 +50,9 @@ async fn traffic(app: &TestApp) {
         .await;
     app.commit(released["reservation_id"].as_str().unwrap(), "c3", "pay-3")
         .await;
-    let lapsed = app.hold("AU-3", "b3", 1).await;
+    let lapsed = app.hold("AU-3", "b3", 60).await;
     app.hold("AU-4", "b4", 300).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.lapse(lapsed["reservation_id"].as_str().unwrap()).await;
     app.commit(lapsed["reservation_id"].as_str().unwrap(), "c4", "pay-4")
         .await;
     holdfast::janitor::run_once(&app.store).await.unwrap();

@@ -245,9 +245,9 @@ async fn counts_follow_the_effective_status(app: TestApp) {
         )
         .await;
     assert_eq!(commit.status(), 200);
-    // A one-second hold on C-3 lapses; no janitor runs in tests.
-    app.hold("C-3", "buyer-3", 1).await;
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // A hold on C-3 lapses; no janitor runs in tests.
+    let lapsed = app.hold("C-3", "buyer-3", 60).await;
+    app.lapse(lapsed["reservation_id"].as_str().unwrap()).await;
     let withdrawn = app.post("/v1/assets/C-4/withdraw", None, &json!({})).await;
     assert_eq!(withdrawn.status(), 200);
     let counts = app.get_json("/v1/asset-counts").await;

@@ -2,80 +2,11 @@
 //! reservation, answers kept out of caches, one key per request, CORS for
 //! every method, the documented header limit, HEAD wherever GET is served.
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
-use holdfast::config::Secret;
 use holdfast::keys::{new_key, Role};
 use serde_json::{json, Value};
 
 use crate::backend_tests;
 use crate::helpers::{new_key as idempotency_key, Backend, TestApp};
-
-/// The service as a process of its own, so that its `/metrics` are its own.
-struct Process {
-    child: Child,
-    base: String,
-    client: reqwest::Client,
-}
-
-impl Process {
-    async fn start(database_url: &str, keys: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
-            .arg("serve")
-            .env("HOLDFAST_DATABASE_URL", database_url)
-            .env("HOLDFAST_BIND", format!("127.0.0.1:{port}"))
-            .env("HOLDFAST_API_KEYS", keys)
-            .env("HOLDFAST_JANITOR_INTERVAL_SECONDS", "0")
-            .env("HOLDFAST_NO_MIGRATE", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let base = format!("http://127.0.0.1:{port}");
-        let client = reqwest::Client::new();
-        for _ in 0..200 {
-            if client.get(format!("{base}/healthz")).send().await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Self {
-            child,
-            base,
-            client,
-        }
-    }
-
-    async fn statements(&self) -> f64 {
-        let text = self
-            .client
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find(|l| l.starts_with("holdfast_db_statements_total "))
-            .and_then(|l| l.split(' ').nth(1))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0.0)
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Another storefront's reservation answers exactly as an id that does not
 /// exist: the same 404, the same bytes, the same number of statements.
@@ -84,16 +15,18 @@ async fn another_clients_reservation_is_indistinguishable_from_none(backend: Bac
     let (shop_b, b) = new_key("shop-b", Role::Storefront).unwrap();
     let (admin, o) = new_key("ops", Role::Admin).unwrap();
     let keys = format!("{a},{b},{o}");
-    let Some(app) =
-        TestApp::try_spawn_with(backend, |c| c.api_keys = Some(Secret::new(keys.clone()))).await
+    // A process of its own, so that its statement count is this test's.
+    let Some(app) = TestApp::try_spawn_process(backend, |command, _| {
+        command.env("HOLDFAST_API_KEYS", &keys);
+    })
+    .await
     else {
         return;
     };
-    let service = Process::start(app.database_url(), &keys).await;
     let send = |method: reqwest::Method, path: String, token: &str, body: Option<Value>| {
-        let mut request = service
+        let mut request = app
             .client
-            .request(method, format!("{}{path}", service.base))
+            .request(method, app.url(&path))
             .bearer_auth(token)
             .header("Idempotency-Key", idempotency_key());
         if let Some(body) = body {
@@ -125,7 +58,7 @@ async fn another_clients_reservation_is_indistinguishable_from_none(backend: Bac
     let nobody = "res_01HZX49R8T39QK6G7Y1W2V3N4P".to_owned();
     let mut answers = Vec::new();
     for id in [&theirs, &nobody, &theirs, &nobody] {
-        let before = service.statements().await;
+        let before = app.metric("holdfast_db_statements_total ").await;
         let response = send(
             reqwest::Method::GET,
             format!("/v1/reservations/{id}"),
@@ -136,7 +69,7 @@ async fn another_clients_reservation_is_indistinguishable_from_none(backend: Bac
         .unwrap();
         let status = response.status().as_u16();
         let body = response.text().await.unwrap();
-        let after = service.statements().await;
+        let after = app.metric("holdfast_db_statements_total ").await;
         answers.push((status, body, after - before));
     }
     assert_eq!(answers[0].0, 404);

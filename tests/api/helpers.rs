@@ -49,8 +49,15 @@ pub struct TestApp {
     pub address: String,
     pub client: Client,
     pub store: Store,
-    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    server: Server,
     db: TestDb,
+}
+
+/// What serves a [`TestApp`]: the application in this process, or the
+/// `holdfast` binary as a process of its own.
+enum Server {
+    Task(tokio::task::JoinHandle<std::io::Result<()>>),
+    Process(ServeProcess),
 }
 
 impl TestApp {
@@ -90,9 +97,101 @@ impl TestApp {
             address,
             client,
             store,
-            server: Some(server),
+            server: Server::Task(server),
             db,
         }
+    }
+
+    /// The `holdfast` binary serving on a port of its own, against a database
+    /// of the test's own, with the test settings (hold lengths from 1 s, no
+    /// janitor): a process whose `/metrics` no other test touches. `adjust`
+    /// may set or override environment variables; it gets the database URL.
+    /// `store` opens the same database directly, not through the process.
+    pub async fn try_spawn_process(
+        backend: Backend,
+        adjust: impl FnOnce(&mut std::process::Command, &str),
+    ) -> Option<Self> {
+        let db = TestDb::create(backend).await?;
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"));
+        command.arg("serve");
+        // Only the settings given here: none from the environment of the run.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("HOLDFAST_") {
+                command.env_remove(name);
+            }
+        }
+        command
+            .env("HOLDFAST_DATABASE_URL", &db.url)
+            .env("HOLDFAST_BIND", "127.0.0.1:0")
+            .env("HOLDFAST_HOLD_SECONDS_MIN", "1")
+            .env("HOLDFAST_JANITOR_INTERVAL_SECONDS", "0")
+            .env("HOLDFAST_WORKERS", "2")
+            .env("HOLDFAST_LOG_FORMAT", "json")
+            .env("RUST_LOG", "info");
+        adjust(&mut command, &db.url);
+        let process = ServeProcess::start(command).await;
+        let address = format!("http://127.0.0.1:{}", process.port);
+        let store = Config::with_database(db.url.clone())
+            .open_store()
+            .await
+            .expect("open the test database");
+        let client = Client::builder()
+            .timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(200)
+            .build()
+            .expect("an HTTP client");
+        Some(Self {
+            backend,
+            address,
+            client,
+            store,
+            server: Server::Process(process),
+            db,
+        })
+    }
+
+    /// The output of a [`TestApp::try_spawn_process`] app so far, once a line
+    /// containing `needle` is in it (waiting up to 10 s for that line).
+    pub async fn process_output(&self, needle: &str) -> String {
+        let Server::Process(process) = &self.server else {
+            panic!("the app runs in this process: it has no output of its own");
+        };
+        for _ in 0..100 {
+            let output = process.output.lock().unwrap().clone();
+            if output.contains(needle) {
+                return output;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let output = process.output.lock().unwrap().clone();
+        panic!("no line with {needle:?} in the output of holdfast:\n{output}");
+    }
+
+    /// Moves one HELD reservation `by` into the past, as if it had been taken
+    /// that much earlier: its `created_at` and `expires_at` and its asset's
+    /// `hold_expires_at` shift together, so both expiries stay equal (as the
+    /// audit requires). What waiting `by` does to the hold, without the wait.
+    pub async fn age_hold(&self, reservation: &str, by: Duration) {
+        self.db.age_hold(reservation, Age::By(by)).await;
+    }
+
+    /// Ages one HELD reservation (see [`TestApp::age_hold`]) until its hold
+    /// lapsed a second ago, by the clock that decides: the database's on
+    /// PostgreSQL, the service's on SQLite. No sweep runs: the rows still say
+    /// HELD, and only the effective status is EXPIRED.
+    pub async fn lapse(&self, reservation: &str) {
+        self.db.age_hold(reservation, Age::PastExpiry).await;
+    }
+
+    /// The value of one series of this app's `/metrics`, 0 when absent.
+    pub async fn metric(&self, name_and_labels: &str) -> f64 {
+        let page = self
+            .get("/metrics")
+            .await
+            .text()
+            .await
+            .expect("a metrics page");
+        series(&page, name_and_labels)
     }
 
     pub fn database_url(&self) -> &str {
@@ -199,10 +298,84 @@ impl TestApp {
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        if let Some(server) = self.server.take() {
-            server.abort();
+        match &mut self.server {
+            Server::Task(server) => server.abort(),
+            Server::Process(process) => process.stop(),
         }
     }
+}
+
+/// `holdfast serve` as a child process; its stdout and stderr are read into
+/// `output` as they come, so that the pipes never fill.
+struct ServeProcess {
+    child: std::process::Child,
+    port: u16,
+    output: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl ServeProcess {
+    /// Starts `command` and waits for the port it announces.
+    async fn start(mut command: std::process::Command) -> Self {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("holdfast serve starts");
+        let output = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (port_tx, port_rx) = std::sync::mpsc::channel::<u16>();
+        let streams: [Box<dyn std::io::Read + Send>; 2] = [
+            Box::new(child.stdout.take().expect("stdout")),
+            Box::new(child.stderr.take().expect("stderr")),
+        ];
+        for stream in streams {
+            let (output, port_tx) = (output.clone(), port_tx.clone());
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(stream).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(port) = announced_port(&line) {
+                        let _ = port_tx.send(port);
+                    }
+                    let mut output = output.lock().unwrap();
+                    output.push_str(&line);
+                    output.push('\n');
+                }
+            });
+        }
+        drop(port_tx);
+        let port =
+            tokio::task::spawn_blocking(move || port_rx.recv_timeout(Duration::from_secs(60)))
+                .await
+                .expect("the wait for the port");
+        match port {
+            Ok(port) => Self {
+                child,
+                port,
+                output,
+            },
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let output = output.lock().unwrap().clone();
+                panic!("holdfast announced no port ({e}):\n{output}");
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The port in `holdfast … listening on http://127.0.0.1:PORT`.
+fn announced_port(line: &str) -> Option<u16> {
+    let (_, rest) = line.split_once("listening on http://")?;
+    let (_, rest) = rest.split_once(':')?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 pub fn new_key() -> String {
@@ -330,6 +503,152 @@ impl TestDb {
     }
 }
 
+/// How far [`TestDb::age_hold`] moves a hold into the past.
+#[derive(Clone, Copy)]
+enum Age {
+    By(Duration),
+    /// Until its expiry is a second past.
+    PastExpiry,
+}
+
+impl TestDb {
+    /// Shifts a HELD reservation's `created_at` and `expires_at` and its
+    /// asset's `hold_expires_at` back by one amount, in one transaction.
+    /// Panics unless the reservation is HELD and its asset held by it.
+    async fn age_hold(&self, reservation: &str, age: Age) {
+        let (reservations, assets) = match &self.kind {
+            DbKind::Postgres { .. } => {
+                use diesel::sql_types::Text;
+                use diesel_async::RunQueryDsl;
+                #[derive(diesel::QueryableByName)]
+                struct Aged {
+                    #[diesel(sql_type = diesel::sql_types::BigInt)]
+                    reservations: i64,
+                    #[diesel(sql_type = diesel::sql_types::BigInt)]
+                    assets: i64,
+                }
+                // PostgreSQL keeps instants as timestamptz: interval arithmetic
+                // is exact, and now() is the clock the service decides by.
+                let shift = match age {
+                    Age::By(by) => format!("interval '{} microseconds'", by.as_micros()),
+                    Age::PastExpiry => {
+                        "greatest(expires_at - now() + interval '1 second', interval '0')"
+                            .to_owned()
+                    }
+                };
+                let mut conn = AsyncPgConnection::establish(&self.url)
+                    .await
+                    .expect("connect");
+                let aged = diesel::sql_query(format!(
+                    "WITH shift AS ( \
+                       SELECT {shift} AS d FROM reservations WHERE id = $1 AND status = 'HELD' FOR UPDATE), \
+                     r AS ( \
+                       UPDATE reservations SET created_at = created_at - shift.d, expires_at = expires_at - shift.d \
+                       FROM shift WHERE id = $1 RETURNING 1), \
+                     a AS ( \
+                       UPDATE assets SET hold_expires_at = hold_expires_at - shift.d \
+                       FROM shift WHERE status = 'HELD' AND current_reservation_id = $1 RETURNING 1) \
+                     SELECT (SELECT count(*) FROM r) AS reservations, (SELECT count(*) FROM a) AS assets"
+                ))
+                .bind::<Text, _>(reservation)
+                .get_result::<Aged>(&mut conn)
+                .await
+                .expect("age the hold");
+                (aged.reservations, aged.assets)
+            }
+            DbKind::Sqlite { dir } => {
+                use diesel::connection::SimpleConnection;
+                use diesel::sql_types::Text;
+                use diesel::{Connection, OptionalExtension, RunQueryDsl};
+                #[derive(diesel::QueryableByName)]
+                struct Held {
+                    #[diesel(sql_type = Text)]
+                    created_at: String,
+                    #[diesel(sql_type = Text)]
+                    expires_at: String,
+                }
+                #[derive(diesel::QueryableByName)]
+                struct Asset {
+                    #[diesel(sql_type = Text)]
+                    hold_expires_at: String,
+                }
+                let mut conn = diesel::SqliteConnection::establish(
+                    &dir.join("holdfast.db").display().to_string(),
+                )
+                .expect("open SQLite");
+                conn.batch_execute("PRAGMA busy_timeout = 5000;")
+                    .expect("busy timeout");
+                conn.immediate_transaction(|conn| {
+                    let held = diesel::sql_query(
+                        "SELECT created_at, expires_at FROM reservations WHERE id = ? AND status = 'HELD'",
+                    )
+                    .bind::<Text, _>(reservation)
+                    .get_result::<Held>(conn)
+                    .optional()?;
+                    let asset = diesel::sql_query(
+                        "SELECT hold_expires_at FROM assets WHERE status = 'HELD' AND current_reservation_id = ?",
+                    )
+                    .bind::<Text, _>(reservation)
+                    .get_result::<Asset>(conn)
+                    .optional()?;
+                    let Some(held) = held else {
+                        return Ok((0, i64::from(asset.is_some())));
+                    };
+                    // SQLite keeps instants as fixed-width RFC 3339 UTC text and
+                    // compares them as text; the service's clock is this
+                    // process's, so the shift is computed here and written in
+                    // the service's own format.
+                    let shift = match age {
+                        Age::By(by) => chrono::Duration::from_std(by).expect("a shift"),
+                        Age::PastExpiry => (instant(&held.expires_at) - chrono::Utc::now()
+                            + chrono::Duration::seconds(1))
+                        .max(chrono::Duration::zero()),
+                    };
+                    let earlier = |text: &str| stored_instant(instant(text) - shift);
+                    let reservations = diesel::sql_query(
+                        "UPDATE reservations SET created_at = ?, expires_at = ? WHERE id = ?",
+                    )
+                    .bind::<Text, _>(earlier(&held.created_at))
+                    .bind::<Text, _>(earlier(&held.expires_at))
+                    .bind::<Text, _>(reservation)
+                    .execute(conn)?;
+                    let assets = match asset {
+                        Some(asset) => diesel::sql_query(
+                            "UPDATE assets SET hold_expires_at = ? \
+                             WHERE status = 'HELD' AND current_reservation_id = ?",
+                        )
+                        .bind::<Text, _>(earlier(&asset.hold_expires_at))
+                        .bind::<Text, _>(reservation)
+                        .execute(conn)?,
+                        None => 0,
+                    };
+                    diesel::QueryResult::Ok((reservations as i64, assets as i64))
+                })
+                .expect("age the hold")
+            }
+        };
+        assert_eq!(
+            (reservations, assets),
+            (1, 1),
+            "only a HELD reservation, whose asset it holds, is aged: {reservation}"
+        );
+    }
+}
+
+/// An instant as SQLite keeps it.
+fn instant(text: &str) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .unwrap_or_else(|e| panic!("stored instant {text:?}: {e}"))
+        .with_timezone(&chrono::Utc)
+}
+
+/// An instant written as the service writes it on SQLite (`format_timestamp`):
+/// RFC 3339 in UTC with exactly six fraction digits, so that it compares as
+/// text.
+fn stored_instant(t: chrono::DateTime<chrono::Utc>) -> String {
+    holdfast::domain::format_timestamp(&t)
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         match &self.kind {
@@ -416,9 +735,45 @@ async fn postgres_server() -> Option<&'static PgServer> {
             if std::env::var("CI").is_ok_and(|v| v == "true") {
                 panic!("{message}; PostgreSQL tests cannot be skipped under CI=true");
             }
-            eprintln!("SKIPPED: {message}");
+            skipped(message);
             None
         })
+}
+
+/// How many PostgreSQL tests this run skipped so far.
+static SKIPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts one skipped PostgreSQL test and says so with the count so far, and
+/// once more, with the total, when the test binary exits. Written to the
+/// terminal itself: the harness keeps a passing test's `eprintln!` to itself.
+fn skipped(why: &str) {
+    use std::io::Write;
+    let n = SKIPPED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {n} PostgreSQL test{} so far: {why}",
+        if n == 1 { "" } else { "s" }
+    );
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        extern "C" {
+            fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
+        }
+        extern "C" fn total() {
+            let n = SKIPPED.load(std::sync::atomic::Ordering::SeqCst);
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {n} PostgreSQL test{} in all: no PostgreSQL server was found; \
+                 only SQLite was tested",
+                if n == 1 { "" } else { "s" }
+            );
+        }
+        // SAFETY: registers a function without arguments that only writes to
+        // stderr, as the C library's atexit expects.
+        unsafe {
+            atexit(total);
+        }
+    });
 }
 
 /// Starts (once per machine) a throwaway cluster on port 55432 owned by the
@@ -721,4 +1076,16 @@ impl TestApp {
             body: body.to_owned(),
         }
     }
+}
+
+/// The value of one series in a Prometheus text page, 0 when absent.
+pub fn series(page: &str, name_and_labels: &str) -> f64 {
+    page.lines()
+        .find_map(|line| {
+            line.strip_prefix(name_and_labels)?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0)
 }

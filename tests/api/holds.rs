@@ -1,5 +1,3 @@
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
 use crate::backend_tests;
@@ -137,9 +135,9 @@ async fn hold_fields_are_validated(app: TestApp) {
 
 async fn lapsed_hold_reads_over_and_is_reclaimed_by_the_next_hold(app: TestApp) {
     app.create_asset("H-5").await;
-    let first = app.hold("H-5", "slow", 1).await;
+    let first = app.hold("H-5", "slow", 60).await;
     let first_id = first["reservation_id"].as_str().unwrap();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    app.lapse(first_id).await;
 
     // Effective status before any sweep.
     let asset = app.get_json("/v1/assets/H-5").await;

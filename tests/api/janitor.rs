@@ -9,10 +9,12 @@ async fn run_once_sweeps_lapsed_holds_without_traffic(app: TestApp) {
     for id in ["J-1", "J-2", "J-3"] {
         app.create_asset(id).await;
     }
-    let a = app.hold("J-1", "b", 1).await;
-    let b = app.hold("J-2", "b", 1).await;
+    let a = app.hold("J-1", "b", 60).await;
+    let b = app.hold("J-2", "b", 60).await;
     let live = app.hold("J-3", "b", 300).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for lapsing in [&a, &b] {
+        app.lapse(lapsing["reservation_id"].as_str().unwrap()).await;
+    }
     // Before the sweep, the rows still say HELD.
     assert_eq!(
         app.count("SELECT count(*) FROM assets WHERE status = 'HELD'")
@@ -105,6 +107,7 @@ async fn the_janitor_task_sweeps_on_its_interval() {
             continue;
         };
         app.create_asset("J-6").await;
+        // Real time: the janitor's own interval and a hold lapsing by itself.
         app.hold("J-6", "b", 1).await;
         let mut swept = false;
         for _ in 0..40 {

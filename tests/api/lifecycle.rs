@@ -75,6 +75,7 @@ async fn holds_wait_for_the_sale_to_open(app: TestApp) {
     assert_eq!(soon.status(), 200);
     let (status, _) = hold_response(&app, "OPEN-1", "still-early").await;
     assert_eq!(status, 409);
+    // Real time: the database's clock, not the test's, must reach the opening.
     tokio::time::sleep(Duration::from_millis(2300)).await;
     let (status, body) = hold_response(&app, "OPEN-1", "on-time").await;
     assert_eq!(status, 201, "{body}");
@@ -252,7 +253,11 @@ async fn extensions_move_the_expiry_within_the_cap(app: TestApp) {
     capped.create_asset("EX-2").await;
     let short = capped.hold("EX-2", "b", 100).await;
     let short_id = short["reservation_id"].as_str().unwrap();
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // A second after it was taken, 100 s more reach past the cap.
+    capped.age_hold(short_id, Duration::from_secs(1)).await;
+    let short = capped
+        .get_json(&format!("/v1/reservations/{short_id}"))
+        .await;
     let (status, refused, _) = post_json(
         &capped,
         &format!("/v1/reservations/{short_id}/extend"),
@@ -271,8 +276,8 @@ async fn extensions_move_the_expiry_within_the_cap(app: TestApp) {
     assert_eq!(status, 409);
     assert_eq!(late["error_code"], "RESERVATION_NOT_ACTIVE");
     app.create_asset("EX-3").await;
-    let lapsing = app.hold("EX-3", "b", 1).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let lapsing = app.hold("EX-3", "b", 60).await;
+    app.lapse(lapsing["reservation_id"].as_str().unwrap()).await;
     let (status, lapsed, _) = post_json(
         &app,
         &format!(
@@ -467,10 +472,12 @@ async fn late_payments_buy_a_free_asset(backend: crate::helpers::Backend) {
     for asset in ["LT-1", "LT-2", "LT-3"] {
         app.create_asset(asset).await;
     }
-    let free = app.hold("LT-1", "b", 1).await;
-    let taken = app.hold("LT-2", "b", 1).await;
-    let passed = app.hold("LT-3", "b", 1).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let free = app.hold("LT-1", "b", 60).await;
+    let taken = app.hold("LT-2", "b", 60).await;
+    let passed = app.hold("LT-3", "b", 60).await;
+    for lapsing in [&free, &taken, &passed] {
+        app.lapse(lapsing["reservation_id"].as_str().unwrap()).await;
+    }
     app.hold("LT-2", "other", 300).await;
     let meanwhile = app.hold("LT-3", "other", 300).await;
     let released = app
@@ -524,9 +531,9 @@ async fn a_late_payment_waits_for_a_concurrent_expiry() {
         return;
     };
     app.create_asset("LR-1").await;
-    let held = app.hold("LR-1", "b", 1).await;
+    let held = app.hold("LR-1", "b", 60).await;
     let id = held["reservation_id"].as_str().unwrap().to_owned();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    app.lapse(&id).await;
     // What the janitor's expiry does, left open.
     let janitor = app
         .hold_lock_open(&format!(
@@ -553,6 +560,7 @@ async fn a_late_payment_waits_for_a_concurrent_expiry() {
                 .unwrap()
         })
     };
+    // Real time: the commit must be waiting on the janitor's locks.
     tokio::time::sleep(Duration::from_millis(400)).await;
     janitor.commit().await;
     let response = commit.await.unwrap();

@@ -8,22 +8,15 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::{new_key, Backend, TestApp};
+use crate::helpers::{new_key, series, Backend, TestApp};
 use crate::proxy::{Mode, Proxy};
 
-/// The value of one series in a Prometheus text page, 0 when absent.
-fn series(page: &str, name_and_labels: &str) -> f64 {
-    page.lines()
-        .find_map(|line| {
-            line.strip_prefix(name_and_labels)?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .unwrap_or(0.0)
-}
-
-async fn metrics_count_outcomes_and_time_requests_by_route(app: TestApp) {
+/// Against a process of its own: its `/metrics` counts this test's requests
+/// and nothing else, so every count is exact.
+async fn metrics_count_outcomes_and_time_requests_by_route(backend: Backend) {
+    let Some(app) = TestApp::try_spawn_process(backend, |_, _| {}).await else {
+        return;
+    };
     let before = app.get("/metrics").await.text().await.unwrap();
     app.create_asset("M-1").await;
     let r = app.hold("M-1", "b", 300).await;
@@ -50,16 +43,17 @@ async fn metrics_count_outcomes_and_time_requests_by_route(app: TestApp) {
         .starts_with("text/plain"));
     let after = response.text().await.unwrap();
     let grew = |s: &str| series(&after, s) - series(&before, s);
-    assert!(grew(r#"holdfast_holds_total{outcome="created"}"#) >= 1.0);
-    assert!(grew(r#"holdfast_holds_total{outcome="conflict"}"#) >= 3.0);
-    assert!(grew(r#"holdfast_commits_total{outcome="committed"}"#) >= 1.0);
-    assert!(grew(r#"holdfast_commits_total{outcome="replayed"}"#) >= 1.0);
-    assert!(grew("holdfast_idempotency_replays_total") >= 1.0);
+    assert_eq!(grew(r#"holdfast_holds_total{outcome="created"}"#), 1.0);
+    assert_eq!(grew(r#"holdfast_holds_total{outcome="conflict"}"#), 3.0);
+    assert_eq!(grew(r#"holdfast_commits_total{outcome="committed"}"#), 1.0);
+    assert_eq!(grew(r#"holdfast_commits_total{outcome="replayed"}"#), 1.0);
+    assert_eq!(grew("holdfast_idempotency_replays_total"), 1.0);
     assert!(grew("holdfast_db_statements_total") >= 6.0);
-    assert!(
-        after.contains(r#"route="/v1/assets/{asset_id}/reservations""#),
-        "{after}"
-    );
+    // Only this test's requests made these series: before them, none.
+    let reservations = r#"route="/v1/assets/{asset_id}/reservations""#;
+    assert!(!before.contains(reservations), "{before}");
+    assert!(after.contains(reservations), "{after}");
+    assert!(!before.contains(r#"route="unmatched""#), "{before}");
     assert!(after.contains(r#"route="unmatched""#));
     assert!(after.contains("holdfast_http_requests_duration_seconds_bucket"));
     assert!(
@@ -95,33 +89,40 @@ async fn request_ids_are_echoed_or_generated(app: TestApp) {
     assert_eq!(response.headers()["x-request-id"].len(), 26);
 }
 
-backend_tests!(
-    metrics_count_outcomes_and_time_requests_by_route,
-    request_ids_are_echoed_or_generated
-);
+backend_tests!(request_ids_are_echoed_or_generated);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_outcomes_and_time_requests_by_route_on_both_backends() {
+    metrics_count_outcomes_and_time_requests_by_route(Backend::Postgres).await;
+    metrics_count_outcomes_and_time_requests_by_route(Backend::Sqlite).await;
+}
 
 /// Cut the connections to PostgreSQL, then stall them: every request needing
 /// the database answers 503 with Retry-After within the bound, nothing is
 /// answered 201 that was not committed, and the service recovers by itself.
+/// A process of its own, so that the database errors it counts are its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_or_stalled_database_fails_closed_then_recovers() {
     let upstream = crate::helpers::postgres_address();
     let proxy = Proxy::start(&upstream).await;
     let port = proxy.port;
-    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
-        c.database_url = c
-            .database_url
-            .replace(&upstream, &format!("127.0.0.1:{port}"));
-        c.db_acquire_timeout_ms = 1000;
-        c.db_timeout_ms = 2000;
+    let Some(app) = TestApp::try_spawn_process(Backend::Postgres, |command, url| {
+        command
+            .env(
+                "HOLDFAST_DATABASE_URL",
+                url.replace(&upstream, &format!("127.0.0.1:{port}")),
+            )
+            .env("HOLDFAST_DB_ACQUIRE_TIMEOUT_MS", "1000")
+            .env("HOLDFAST_DB_TIMEOUT_MS", "2000");
     })
     .await
     else {
         return;
     };
+    let started = app.process_output("database: ").await;
     assert!(
-        app.store.describe().contains(&port.to_string()),
-        "the app goes through the proxy"
+        started.contains(&format!("PostgreSQL at 127.0.0.1:{port}/")),
+        "the app goes through the proxy: {started}"
     );
     app.create_asset("X-1").await;
     app.create_asset("X-2").await;
@@ -192,7 +193,8 @@ async fn a_cut_or_stalled_database_fails_closed_then_recovers() {
     assert!(
         series(&metrics, r#"holdfast_db_errors_total{kind="timeout"}"#)
             + series(&metrics, r#"holdfast_db_errors_total{kind="unavailable"}"#)
-            >= 4.0
+            >= 4.0,
+        "{metrics}"
     );
 }
 

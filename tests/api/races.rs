@@ -203,6 +203,7 @@ async fn the_opening_instant_makes_one_winner(app: TestApp) {
         )
         .await;
     assert_eq!(created.status(), 201);
+    // Real time: the race is for the opening instant by the database's clock.
     tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
     let mut answers = Vec::new();
     for wave in 0..40 {

@@ -1,5 +1,3 @@
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
 use crate::backend_tests;
@@ -58,8 +56,8 @@ async fn release_of_committed_or_expired_is_409_not_active(app: TestApp) {
     let sold = app.hold("R-3", "b", 300).await;
     let sold_id = sold["reservation_id"].as_str().unwrap();
     assert_eq!(app.commit(sold_id, "c", "pay-r3").await.status(), 200);
-    let lapsed = app.hold("R-4", "b", 1).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let lapsed = app.hold("R-4", "b", 60).await;
+    app.lapse(lapsed["reservation_id"].as_str().unwrap()).await;
     for (id, status) in [
         (sold_id, "COMMITTED"),
         (lapsed["reservation_id"].as_str().unwrap(), "EXPIRED"),
