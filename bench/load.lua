@@ -1,8 +1,10 @@
 -- wrk script for the holdfast benchmark. BENCH_MODE chooses the scenario:
 --   ceiling      GET / (the minimal actix-web handler)
 --   hot          POST a hold on BENCH_ASSET, a new key each time
---   spread       POST a hold on a different seeded asset each time
---   hold-commit  hold a seeded asset, then commit that hold (two streams)
+--   spread       POST a hold on a different seeded asset each time, for a
+--                new buyer each time (named after the asset)
+--   hold-commit  hold a seeded asset, then commit that hold (two streams);
+--                a new buyer for each hold
 --   replay       the same key and body every time
 -- Each thread counts statuses; done() prints them with p50/p99 in µs.
 local mode = os.getenv("BENCH_MODE") or "hot"
@@ -37,14 +39,14 @@ function request()
     return post("/v1/assets/" .. asset .. "/reservations", "h-" .. run .. "-" .. counter, '{"buyer_id":"b-' .. counter .. '"}')
   elseif mode == "spread" then
     local id = prefix .. "-" .. tid .. "-" .. counter
-    return post("/v1/assets/" .. id .. "/reservations", "s-" .. run .. "-" .. counter, '{"buyer_id":"b-' .. tid .. "-" .. counter .. '"}')
+    return post("/v1/assets/" .. id .. "/reservations", "s-" .. run .. "-" .. counter, '{"buyer_id":"b-' .. id .. '"}')
   elseif mode == "hold-commit" then
     local pending = table.remove(commits)
     if pending then
       return post("/v1/reservations/" .. pending .. "/commit", "c-" .. pending, '{"payment_reference":"pay-' .. pending .. '"}')
     end
     local id = "H" .. prefix .. "-" .. tid .. "-" .. counter
-    return post("/v1/assets/" .. id .. "/reservations", "hc-" .. run .. "-" .. counter, '{"buyer_id":"b-' .. tid .. "-" .. counter .. '"}')
+    return post("/v1/assets/" .. id .. "/reservations", "hc-" .. run .. "-" .. counter, '{"buyer_id":"b-' .. id .. '"}')
   else -- replay
     return post("/v1/assets/" .. asset .. "/reservations", "replay-key", '{"buyer_id":"replayer"}')
   end

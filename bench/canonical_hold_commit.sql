@@ -1,0 +1,57 @@
+-- The SQL ceiling of `hold-commit` (sales per second): the design's hold
+-- transaction, then the design's commit of that hold in a second
+-- transaction; one pgbench transaction here is the pair (one sale). Run by
+-- pgbench with prepared statements (-M prepared) at 64 clients, against a
+-- database migrated by `holdfast migrate`.
+--
+-- The commit: the conditional update of the asset (HELD -> SOLD, guarded by
+-- its status, its current reservation and the hold's expiry), the
+-- reservation (HELD -> COMMITTED with the payment reference), the payment's
+-- fate, the event and the stored answer.
+--
+-- Each client sells its own assets K-<id> (id = n * 100 + client), seeded
+-- by bench/run.sh. Variables set by run.sh with -D: n, hold_body and
+-- commit_body (the answers, about 300 bytes of JSON each, also the events'
+-- data), fingerprint. Ids carry the script's letter and have the service's
+-- lengths. Each guarded update returns a row or pgbench aborts
+-- the client: a guard that fails shows as an error.
+\set n :n + 1
+\set id :n * 100 + :client_id
+BEGIN;
+UPDATE assets
+   SET status = 'HELD', hold_expires_at = now() + interval '600 seconds',
+       current_reservation_id = 'res_K' || lpad(:id::text, 25, '0'),
+       version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now()
+ WHERE id = 'K-' || :id::text AND status = 'AVAILABLE'
+RETURNING last_event_sequence \gset
+INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, owner)
+VALUES ('res_K' || lpad(:id::text, 25, '0'), 'K-' || :id::text, 'b-K' || :id::text, 'HELD',
+        now() + interval '600 seconds', now(), '-');
+INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner)
+VALUES ('evt_K' || lpad(:id::text, 24, '0') || 'H', 'K-' || :id::text, :last_event_sequence,
+        'reservation.held', :hold_body, now(), '-');
+INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at)
+VALUES ('-', 'h-K' || :id::text, :fingerprint, 201, :hold_body,
+        '/v1/reservations/res_K' || lpad(:id::text, 25, '0'), 'res_K' || lpad(:id::text, 25, '0'), now());
+COMMIT;
+BEGIN;
+UPDATE assets
+   SET status = 'SOLD', hold_expires_at = NULL,
+       version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now()
+ WHERE id = 'K-' || :id::text AND status = 'HELD'
+   AND current_reservation_id = 'res_K' || lpad(:id::text, 25, '0') AND hold_expires_at > now()
+RETURNING last_event_sequence \gset
+UPDATE reservations
+   SET status = 'COMMITTED', committed_at = now(), payment_reference = 'pay-res_K' || lpad(:id::text, 25, '0'),
+       payment_scope = '-'
+ WHERE id = 'res_K' || lpad(:id::text, 25, '0') AND status = 'HELD'
+RETURNING committed_at \gset
+INSERT INTO payments (scope, reference, reservation_id, created_at)
+VALUES ('-', 'pay-res_K' || lpad(:id::text, 25, '0'), 'res_K' || lpad(:id::text, 25, '0'), now());
+INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner)
+VALUES ('evt_K' || lpad(:id::text, 24, '0') || 'C', 'K-' || :id::text, :last_event_sequence,
+        'reservation.committed', :commit_body, now(), '-');
+INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at)
+VALUES ('-', 'c-res_K' || lpad(:id::text, 25, '0'), :fingerprint, 200, :commit_body,
+        NULL, 'res_K' || lpad(:id::text, 25, '0'), now());
+COMMIT;
