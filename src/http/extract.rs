@@ -14,6 +14,7 @@ use super::access::Caller;
 use super::error::ApiError;
 use super::AppState;
 use crate::domain::{FieldError, IdempotencyKey};
+use crate::keys::hex;
 use crate::reply::{self, ErrorCode};
 use crate::store::Idempotency;
 
@@ -95,7 +96,7 @@ fn route_fingerprint(req: &HttpRequest) -> Sha256 {
     let mut hash = Sha256::new();
     hash.update(req.method().as_str());
     hash.update([0]);
-    hash.update(req.match_pattern().unwrap_or_default());
+    hash.update(super::observe::route_pattern(req).unwrap_or_default());
     for (name, value) in req.match_info().iter() {
         hash.update([0]);
         hash.update(name);
@@ -103,10 +104,6 @@ fn route_fingerprint(req: &HttpRequest) -> Sha256 {
         hash.update(value);
     }
     hash
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A JSON object body parsed into `T`, plus its canonical text (sorted keys,

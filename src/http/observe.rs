@@ -9,6 +9,7 @@ use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::http::Method;
 use actix_web::middleware::Next;
+use actix_web::{HttpMessage, HttpRequest};
 
 use tracing::Instrument;
 
@@ -51,6 +52,19 @@ fn status_class(status: u16) -> &'static str {
     }
 }
 
+/// The pattern of the route actix matched (`None` when none did). Finding
+/// it walks the router, so it is found once a request and kept with it.
+pub fn route_pattern(req: &HttpRequest) -> Option<String> {
+    #[derive(Clone)]
+    struct Matched(Option<String>);
+    if let Some(Matched(pattern)) = req.extensions().get::<Matched>() {
+        return pattern.clone();
+    }
+    let pattern = req.match_pattern();
+    req.extensions_mut().insert(Matched(pattern.clone()));
+    pattern
+}
+
 pub async fn observe(
     req: ServiceRequest,
     next: Next<impl MessageBody>,
@@ -75,10 +89,7 @@ pub async fn observe(
     let mut response = next.call(req).instrument(span.clone()).await?;
     // The pattern of the route actix matched; unknown paths share one
     // label, as unknown methods do, so the label set stays bounded.
-    let route = response
-        .request()
-        .match_pattern()
-        .unwrap_or_else(|| "unmatched".to_owned());
+    let route = route_pattern(response.request()).unwrap_or_else(|| "unmatched".to_owned());
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
     span.record("route", route.as_str());

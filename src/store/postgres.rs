@@ -659,8 +659,11 @@ SELECT now() AS now, a.status, a.hold_expires_at, a.available_from, i.fingerprin
  ORDER BY r.ord";
 
 /// At most this many hold snapshot statements run at once; requests that
-/// arrive meanwhile are read together by the next one.
-const SNAPSHOT_BATCHES: usize = 2;
+/// arrive meanwhile are read together by the next one. One: a statement is
+/// mostly its planning, so the fewer and fuller the statements, the less the
+/// database works per request, and a request waits at most for the
+/// statement running when it came and then its own.
+const SNAPSHOT_BATCHES: usize = 1;
 /// The largest number of requests one snapshot statement reads for.
 const SNAPSHOT_BATCH_SIZE: usize = 256;
 
