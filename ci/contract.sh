@@ -8,12 +8,14 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 work=$(mktemp -d)
 pids=()
+pooler_dir=$(mktemp -d)
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  if [[ -n "${pg_db:-}" ]]; then
-    psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS $pg_db WITH (FORCE)" >/dev/null 2>&1 || true
-  fi
-  rm -rf "$work"
+  ci/pgbouncer.sh stop "$pooler_dir"
+  for db in ${pg_db:-} ${pooled_db:-}; do
+    psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+  done
+  rm -rf "$work" "$pooler_dir"
 }
 trap cleanup EXIT
 
@@ -55,8 +57,22 @@ pg_db="holdfast_contract_$$"
 psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $pg_db" >/dev/null
 serve postgres "$pg_port" "postgres://postgres@127.0.0.1:5432/$pg_db"
 
+# Two instances through PgBouncer in transaction mode (deploy/pgbouncer.ini),
+# on one database: the first migrates through the pooler, the second through
+# the database itself.
+step "two instances behind PgBouncer (transaction pooling)"
+pooler=$(ci/pgbouncer.sh start "$pooler_dir" 18190)
+pooled_db="holdfast_contract_pooled_$$"
+psql -q -h 127.0.0.1 -U postgres -c "CREATE DATABASE $pooled_db" >/dev/null
+pooled_a=18184
+pooled_b=18185
+HOLDFAST_DB_PREPARED_STATEMENTS=false serve pooled-a "$pooled_a" "$pooler/$pooled_db"
+HOLDFAST_DB_PREPARED_STATEMENTS=false \
+  HOLDFAST_MIGRATION_DATABASE_URL="postgres://postgres@127.0.0.1:5432/$pooled_db" \
+  serve pooled-b "$pooled_b" "$pooler/$pooled_db"
+
 checks=not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,negative_data_rejection,missing_required_header,unsupported_method
-for target in "sqlite:$sqlite_port" "postgres:$pg_port"; do
+for target in "sqlite:$sqlite_port" "postgres:$pg_port" "postgres-pgbouncer:$pooled_a"; do
   backend=${target%%:*}
   port=${target##*:}
   step "schemathesis on $backend"
@@ -67,6 +83,9 @@ done
 
 step "generated client flow"
 ci/client-flow.sh "http://127.0.0.1:$sqlite_port"
+
+step "generated client flow, the second instance behind PgBouncer"
+ci/client-flow.sh "http://127.0.0.1:$pooled_b"
 
 step "docs page in headless Chromium"
 SCREENSHOT="$root/target/docs.png" ci/docs-screenshot.sh "http://127.0.0.1:$sqlite_port"

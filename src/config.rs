@@ -218,6 +218,24 @@ pub struct Config {
     )]
     pub sqlite_synchronous: SqliteSynchronous,
 
+    /// PostgreSQL: keep statements prepared on each connection. Set false
+    /// when a pooler in transaction mode (PgBouncer) sits between holdfast and
+    /// PostgreSQL: each unit of work then runs in a transaction of its own,
+    /// with its timeouts set there, and prepares nothing beyond it.
+    #[arg(
+        long,
+        env = "HOLDFAST_DB_PREPARED_STATEMENTS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        global = true
+    )]
+    pub db_prepared_statements: bool,
+
+    /// PostgreSQL: the URL migrations run through, when not the service's
+    /// own (a direct connection to the primary beside a pooler).
+    #[arg(long, env = "HOLDFAST_MIGRATION_DATABASE_URL", global = true)]
+    pub migration_database_url: Option<String>,
+
     /// Database connections in the pool.
     #[arg(
         long,
@@ -333,6 +351,8 @@ impl Config {
             rate_limit_burst: None,
             max_body_bytes: 16 * 1024,
             sqlite_synchronous: SqliteSynchronous::Full,
+            db_prepared_statements: true,
+            migration_database_url: None,
             db_pool_size: 16,
             db_acquire_timeout_ms: 2000,
             db_statement_timeout_ms: 2500,
@@ -346,7 +366,18 @@ impl Config {
 
     /// Checks every setting; the first bad one is named in the error.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.database()?;
+        let database = self.database()?;
+        if let Some(url) = &self.migration_database_url {
+            match (DatabaseUrl::parse(url), database) {
+                (Ok(DatabaseUrl::Postgres(_)), DatabaseUrl::Postgres(_)) => {}
+                _ => {
+                    return Err(invalid(
+                        "HOLDFAST_MIGRATION_DATABASE_URL",
+                        "must be a postgres://… URL, beside a PostgreSQL HOLDFAST_DATABASE_URL",
+                    ))
+                }
+            }
+        }
         if self.hold_seconds_min < 1 {
             return Err(invalid("HOLDFAST_HOLD_SECONDS_MIN", "must be at least 1"));
         }
@@ -588,6 +619,8 @@ impl Config {
                 .map(|d| Duration::from_secs(d * 86_400)),
             sweep_batch: self.janitor_batch,
             sqlite_synchronous: self.sqlite_synchronous,
+            pg_prepared_statements: self.db_prepared_statements,
+            migration_url: self.migration_database_url.clone(),
         }
     }
 }

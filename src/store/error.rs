@@ -109,6 +109,15 @@ impl StoreError {
         if is_transient(&error) {
             return StoreError::unavailable(context, error);
         }
+        if is_pooler_symptom(&error) {
+            return StoreError::unavailable(
+                context,
+                format!(
+                    "{error}: a pooler in transaction mode (PgBouncer) seems to sit between \
+                     holdfast and PostgreSQL; set HOLDFAST_DB_PREPARED_STATEMENTS=false"
+                ),
+            );
+        }
         StoreError::Query {
             context,
             source: error,
@@ -129,6 +138,20 @@ const TRANSIENT_MESSAGES: &[&str] = &[
     "connection closed",
     "connection reset",
 ];
+
+/// A prepared statement missing on, or already on, the server connection
+/// that received it: statements kept prepared across transactions that a
+/// pooler in transaction mode handed to different server connections.
+fn is_pooler_symptom(error: &DieselError) -> bool {
+    match error {
+        DieselError::DatabaseError(_, info) => {
+            let message = info.message();
+            message.starts_with("prepared statement \"")
+                && (message.ends_with("does not exist") || message.ends_with("already exists"))
+        }
+        _ => false,
+    }
+}
 
 fn is_transient(error: &DieselError) -> bool {
     match error {

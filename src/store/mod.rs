@@ -332,6 +332,14 @@ pub struct StoreSettings {
     pub sweep_batch: i64,
     /// SQLite's `PRAGMA synchronous`.
     pub sqlite_synchronous: SqliteSynchronous,
+    /// PostgreSQL: keep statements prepared and settings on the session.
+    /// Off behind a pooler in transaction mode (PgBouncer), where a session
+    /// lasts one transaction: every unit of work is then a transaction of its
+    /// own that sets its timeouts, and no statement outlives it.
+    pub pg_prepared_statements: bool,
+    /// PostgreSQL: where migrations run, when not through the service's own
+    /// URL (a direct connection beside a pooler).
+    pub migration_url: Option<String>,
 }
 
 /// How SQLite syncs its commits to disk (`PRAGMA synchronous`).
@@ -435,15 +443,10 @@ macro_rules! shared {
     };
     ($self:ident, $context:literal, write |$now:ident| $name:ident($($arg:expr),* $(,)?)) => {
         bounded!($self, $context,
-            pg s => async {
-                use diesel_async::AsyncConnection;
-                let mut conn = s.conn().await?;
-                conn.transaction(async |c| {
-                    let $now = postgres::db_now(c).await?;
-                    statements::pg::$name(c, $($arg),*).await
-                })
-                .await
-            },
+            pg s => s.sessions().transaction(async |c| {
+                let $now = postgres::db_now(c).await?;
+                statements::pg::$name(c, $($arg),*).await
+            }),
             lite s => s.write_now($context, move |c, $now| statements::lite::$name(c, $($arg),*)))
     };
 }

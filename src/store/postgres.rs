@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use diesel::connection::CacheSize;
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
@@ -18,7 +19,10 @@ use diesel_async::pooled_connection::deadpool::{Object, Pool};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{
+    AnsiTransactionManager, AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
+    TransactionManager,
+};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use futures_util::FutureExt;
 
@@ -34,7 +38,7 @@ use super::rows::{
 use super::statements::pg as shared;
 use super::{
     Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, StoreError, StoreResult,
-    StoreSettings,
+    StoreSettings, WriteOutcome,
 };
 use crate::domain::{
     Asset, AssetId, Event, HoldTarget, Refund, RefundId, Reservation, ReservationId, Timestamp,
@@ -77,17 +81,36 @@ impl<Q: Query> Query for Prepared<Q> {
 
 #[derive(Clone)]
 pub struct PgStore {
-    pool: Pool<AsyncPgConnection>,
+    db: Sessions,
     /// Hold snapshots of concurrent requests, read together.
     snapshots: Arc<Coalescer<SnapshotInput, HoldSnapshotRow>>,
     url: String,
     settings: StoreSettings,
 }
 
-impl PgStore {
-    pub fn connect(url: &str, settings: &StoreSettings) -> StoreResult<Self> {
+/// The pool, and how a unit of work reaches the server through it.
+///
+/// Directly, a connection is a session: its timeouts are set once when it
+/// opens, and its statements stay prepared. Behind a pooler in transaction
+/// mode (PgBouncer), a session lasts one transaction, after which the
+/// pooler may hand the server connection to another client: every unit of
+/// work is then a transaction of its own that sets its timeouts with
+/// `SET LOCAL`, and no prepared statement outlives it.
+#[derive(Clone)]
+pub(crate) struct Sessions {
+    pool: Pool<AsyncPgConnection>,
+    /// What opens a transaction, in one round trip: `BEGIN`, and behind a
+    /// pooler the transaction's own timeouts.
+    begin: Arc<str>,
+    pooled: bool,
+}
+
+impl Sessions {
+    fn open(url: &str, settings: &StoreSettings) -> StoreResult<Self> {
         let statement_ms = settings.statement_timeout.as_millis();
         let lock_ms = settings.lock_timeout.as_millis();
+        let idle_ms = statement_ms.max(1000) * 2;
+        let pooled = !settings.pg_prepared_statements;
         let mut config = ManagerConfig::default();
         // A broken connection is noticed by its first failing query (503 once)
         // and then discarded; no test query per checkout.
@@ -95,15 +118,19 @@ impl PgStore {
         config.custom_setup = Box::new(move |url| {
             let url = url.to_owned();
             async move {
-                let mut conn = AsyncPgConnection::establish(&url).await?;
-                conn.batch_execute(&format!(
-                    "SET statement_timeout = {statement_ms}; SET lock_timeout = {lock_ms}; \
-                     SET idle_in_transaction_session_timeout = {}; SET TIME ZONE 'UTC'; \
-                     SET plan_cache_mode = force_custom_plan",
-                    statement_ms.max(1000) * 2
-                ))
-                .await
-                .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
+                let mut conn = if pooled {
+                    connect_through_pooler(&url).await?
+                } else {
+                    let mut conn = AsyncPgConnection::establish(&url).await?;
+                    conn.batch_execute(&format!(
+                        "SET statement_timeout = {statement_ms}; SET lock_timeout = {lock_ms}; \
+                         SET idle_in_transaction_session_timeout = {idle_ms}; \
+                         SET TIME ZONE 'UTC'; SET plan_cache_mode = force_custom_plan"
+                    ))
+                    .await
+                    .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
+                    conn
+                };
                 conn.set_instrumentation(super::watched_counter());
                 Ok(conn)
             }
@@ -119,26 +146,138 @@ impl PgStore {
             .runtime(deadpool::Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Config(format!("cannot build the connection pool: {e}")))?;
-        let batch_pool = pool.clone();
+        let begin = if pooled {
+            format!(
+                "BEGIN; SET LOCAL statement_timeout = {statement_ms}; \
+                 SET LOCAL lock_timeout = {lock_ms}; \
+                 SET LOCAL idle_in_transaction_session_timeout = {idle_ms}; \
+                 SET LOCAL TIME ZONE 'UTC'"
+            )
+        } else {
+            "BEGIN".to_owned()
+        };
+        Ok(Self {
+            pool,
+            begin: begin.into(),
+            pooled,
+        })
+    }
+
+    async fn conn(&self) -> StoreResult<Conn> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| StoreError::unavailable("get a database connection", e))
+    }
+
+    /// Runs `work` on a pooled connection; behind a pooler, in a transaction
+    /// of its own.
+    pub(crate) async fn run<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut AsyncPgConnection) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        let mut conn = self.conn().await?;
+        if self.pooled {
+            self.within(&mut conn, work).await
+        } else {
+            work(&mut conn).await
+        }
+    }
+
+    /// Runs `work` in one transaction on a pooled connection: committed when
+    /// it succeeds, rolled back when it fails.
+    pub(crate) async fn transaction<T, E>(
+        &self,
+        work: impl AsyncFnOnce(&mut AsyncPgConnection) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let mut conn = self.conn().await?;
+        self.within(&mut conn, work).await
+    }
+
+    async fn within<T, E>(
+        &self,
+        conn: &mut AsyncPgConnection,
+        work: impl AsyncFnOnce(&mut AsyncPgConnection) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        type Manager = AnsiTransactionManager;
+        Manager::begin_transaction_sql(conn, &self.begin)
+            .await
+            .context("begin a transaction")?;
+        match work(conn).await {
+            Ok(value) => {
+                <Manager as TransactionManager<_>>::commit_transaction(conn)
+                    .await
+                    .context("commit a transaction")?;
+                Ok(value)
+            }
+            Err(error) => {
+                match <Manager as TransactionManager<_>>::rollback_transaction(conn).await {
+                    // The error that made it roll back says more than a broken
+                    // connection's rollback.
+                    Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(error),
+                    Err(rollback) => {
+                        Err(StoreError::from_diesel("roll back a transaction", rollback)
+                            .with_outcome(WriteOutcome::NotApplied)
+                            .into())
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A connection through a pooler in transaction mode. What the driver sends
+/// to set a connection up (its time zone and encoding, as statements it
+/// prepares) runs in one transaction, so that it reaches one server
+/// connection and leaves nothing prepared there; no statement is kept
+/// prepared afterwards.
+async fn connect_through_pooler(url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
+    let bad = |e: tokio_postgres::Error| diesel::ConnectionError::BadConnection(e.to_string());
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .map_err(bad)?;
+    // Driven until the client is dropped; the client reports a lost
+    // connection to whoever uses it.
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "a database connection ended");
+        }
+    });
+    client.batch_execute("BEGIN").await.map_err(bad)?;
+    let mut conn = AsyncPgConnection::try_from(client).await?;
+    conn.batch_execute("COMMIT")
+        .await
+        .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
+    conn.set_prepared_statement_cache_size(CacheSize::Disabled);
+    Ok(conn)
+}
+
+impl PgStore {
+    pub fn connect(url: &str, settings: &StoreSettings) -> StoreResult<Self> {
+        let db = Sessions::open(url, settings)?;
+        let batch_db = db.clone();
         let snapshots = Coalescer::new(
             "read the asset to hold",
             SNAPSHOT_BATCHES,
             SNAPSHOT_BATCH_SIZE,
-            move |inputs| Box::pin(read_hold_snapshots(batch_pool.clone(), inputs)),
+            move |inputs| Box::pin(read_hold_snapshots(batch_db.clone(), inputs)),
         );
         Ok(Self {
-            pool,
+            db,
             snapshots,
             url: url.to_owned(),
             settings: settings.clone(),
         })
     }
 
-    pub(crate) async fn conn(&self) -> StoreResult<Conn> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| StoreError::unavailable("get a database connection", e))
+    pub(crate) fn sessions(&self) -> &Sessions {
+        &self.db
     }
 
     pub fn describe(&self) -> String {
@@ -151,7 +290,7 @@ impl PgStore {
     }
 
     pub fn pool_status(&self) -> PoolStatus {
-        let status = self.pool.status();
+        let status = self.db.pool.status();
         PoolStatus {
             size: status.size,
             in_use: status.size.saturating_sub(status.available),
@@ -163,29 +302,41 @@ impl PgStore {
         &self.settings
     }
 
-    /// Runs pending migrations under an advisory lock, on a blocking thread.
+    /// Runs pending migrations in one transaction, under a transaction-level
+    /// advisory lock that serialises instances starting together, on a
+    /// blocking thread: through `migration_url` when one is set, else through
+    /// the service's own URL (a pooler in transaction mode keeps one
+    /// transaction on one server connection).
     pub async fn migrate(&self) -> StoreResult<()> {
-        let url = self.url.clone();
+        let url = self
+            .settings
+            .migration_url
+            .clone()
+            .unwrap_or_else(|| self.url.clone());
+        let pooled = !self.settings.pg_prepared_statements;
         tokio::task::spawn_blocking(move || -> StoreResult<()> {
             use diesel::connection::SimpleConnection;
-            let mut conn =
-                <AsyncConnectionWrapper<AsyncPgConnection> as diesel::Connection>::establish(&url)
-                    .map_err(|e| StoreError::unavailable("connect to migrate", e))?;
-            SimpleConnection::batch_execute(
-                &mut conn,
-                &format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"),
-            )
-            .context("take the migration lock")?;
-            let result = conn
-                .run_pending_migrations(MIGRATIONS)
-                .map(|_| ())
-                .map_err(|e| StoreError::Migration(e.to_string()));
-            let unlock = SimpleConnection::batch_execute(
-                &mut conn,
-                &format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"),
-            )
-            .context("release the migration lock");
-            result.and(unlock)
+            let runtime = tokio::runtime::Handle::current();
+            let inner = runtime
+                .block_on(async {
+                    if pooled {
+                        connect_through_pooler(&url).await
+                    } else {
+                        AsyncPgConnection::establish(&url).await
+                    }
+                })
+                .map_err(|e| StoreError::unavailable("connect to migrate", e))?;
+            let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::from(inner);
+            diesel::Connection::transaction(&mut conn, |c| {
+                SimpleConnection::batch_execute(
+                    c,
+                    &format!("SELECT pg_advisory_xact_lock({MIGRATION_LOCK})"),
+                )
+                .context("take the migration lock")?;
+                c.run_pending_migrations(MIGRATIONS)
+                    .map(|_| ())
+                    .map_err(|e| StoreError::Migration(e.to_string()))
+            })
         })
         .await
         .map_err(|e| StoreError::Migration(format!("migration task failed: {e}")))?
@@ -203,14 +354,18 @@ impl PgStore {
             #[diesel(sql_type = BigInt)]
             next: i64,
         }
-        let mut conn = self.conn().await?;
-        let counters = sql_query(
-            "SELECT (SELECT max(txid) FROM events)::text::bigint AS newest, \
-                    pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next",
-        )
-        .get_result::<Counters>(&mut conn)
-        .await
-        .context("compare the feed with the transaction counter")?;
+        let counters = self
+            .db
+            .run(async |c| {
+                sql_query(
+                    "SELECT (SELECT max(txid) FROM events)::text::bigint AS newest, \
+                            pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next",
+                )
+                .get_result::<Counters>(c)
+                .await
+                .context("compare the feed with the transaction counter")
+            })
+            .await?;
         match counters.newest {
             Some(newest) if newest >= counters.next => {
                 Err(StoreError::Config(feed_ahead(newest, counters.next)))
@@ -220,10 +375,9 @@ impl PgStore {
     }
 
     pub async fn ping(&self) -> StoreResult<()> {
-        let mut conn = self.conn().await?;
-        conn.batch_execute("SELECT 1")
+        self.db
+            .run(async |c| c.batch_execute("SELECT 1").await.context("answer a ping"))
             .await
-            .context("answer a ping")
     }
 
     /// Runs shared statements on a pooled connection, with the database clock.
@@ -231,9 +385,12 @@ impl PgStore {
         &self,
         work: impl AsyncFnOnce(&mut AsyncPgConnection, Timestamp) -> StoreResult<T>,
     ) -> StoreResult<T> {
-        let mut conn = self.conn().await?;
-        let now = db_now(&mut conn).await?;
-        work(&mut conn, now).await
+        self.db
+            .run(async |c| {
+                let now = db_now(c).await?;
+                work(c, now).await
+            })
+            .await
     }
 }
 
@@ -247,7 +404,6 @@ impl PgStore {
         limit: i64,
         dead: bool,
     ) -> StoreResult<Vec<(FeedCursor, Event)>> {
-        let mut conn = self.conn().await?;
         let sql = if dead {
             format!(
                 "SELECT txid::text::bigint AS tx, position, {EVENT_COLUMNS} FROM events \
@@ -262,13 +418,18 @@ impl PgStore {
              ORDER BY txid, position LIMIT $3"
             )
         };
-        let rows = sql_query(sql)
-            .bind::<Text, _>(after.tx.to_string())
-            .bind::<BigInt, _>(after.position)
-            .bind::<BigInt, _>(limit)
-            .load::<FeedRow>(&mut conn)
-            .await
-            .context("read the event feed")?;
+        let rows = self
+            .db
+            .run(async |c| {
+                sql_query(sql)
+                    .bind::<Text, _>(after.tx.to_string())
+                    .bind::<BigInt, _>(after.position)
+                    .bind::<BigInt, _>(limit)
+                    .load::<FeedRow>(c)
+                    .await
+                    .context("read the event feed")
+            })
+            .await?;
         rows.into_iter()
             .map(|r| {
                 let cursor = FeedCursor {
@@ -287,8 +448,7 @@ impl PgStore {
         limit: i64,
         lease: Duration,
     ) -> StoreResult<Vec<Delivery>> {
-        let mut conn = self.conn().await?;
-        let rows = sql_query(format!(
+        let sql = format!(
             "UPDATE events SET attempts = attempts + 1, next_attempt_at = now() + \
                 make_interval(secs => $2) \
              WHERE id IN (SELECT id FROM events \
@@ -296,12 +456,18 @@ impl PgStore {
                             AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
                           ORDER BY position LIMIT $1 FOR UPDATE SKIP LOCKED) \
              RETURNING {EVENT_COLUMNS}, attempts"
-        ))
-        .bind::<BigInt, _>(limit)
-        .bind::<Double, _>(lease.as_secs_f64())
-        .load::<ClaimedRow>(&mut conn)
-        .await
-        .context("claim events to deliver")?;
+        );
+        let rows = self
+            .db
+            .run(async |c| {
+                sql_query(sql)
+                    .bind::<BigInt, _>(limit)
+                    .bind::<Double, _>(lease.as_secs_f64())
+                    .load::<ClaimedRow>(c)
+                    .await
+                    .context("claim events to deliver")
+            })
+            .await?;
         rows.into_iter()
             .map(|r| {
                 r.event.into_event().map(|event| Delivery {
@@ -313,31 +479,34 @@ impl PgStore {
     }
 
     pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
-        let mut conn = self.conn().await?;
-        let (error, delay) = match result {
-            DeliveryResult::Delivered => (None, None),
-            DeliveryResult::Failed { error, retry_in } => (
-                Some(error.as_str()),
-                Some(retry_in.map(|d| d.as_secs_f64())),
-            ),
-        };
-        // Delivered: done. Failed with a delay: due again then. Failed without: dead.
-        sql_query(
-            "UPDATE events SET \
-               delivered_at = CASE WHEN $2::text IS NULL THEN now() END, \
-               dead_at = CASE WHEN $2::text IS NOT NULL AND $3::float8 IS NULL THEN now() END, \
-               next_attempt_at = CASE WHEN $3::float8 IS NOT NULL THEN now() + \
-                   make_interval(secs => $3) END, \
-               last_error = $2 \
-             WHERE id = $1",
-        )
-        .bind::<Text, _>(id)
-        .bind::<Nullable<Text>, _>(error)
-        .bind::<Nullable<Double>, _>(delay.flatten())
-        .execute(&mut conn)
-        .await
-        .context("record a delivery")?;
-        Ok(())
+        self.db
+            .run(async |conn| {
+                let (error, delay) = match result {
+                    DeliveryResult::Delivered => (None, None),
+                    DeliveryResult::Failed { error, retry_in } => (
+                        Some(error.as_str()),
+                        Some(retry_in.map(|d| d.as_secs_f64())),
+                    ),
+                };
+                // Delivered: done. Failed with a delay: due again then. Failed without: dead.
+                sql_query(
+                    "UPDATE events SET \
+                   delivered_at = CASE WHEN $2::text IS NULL THEN now() END, \
+                   dead_at = CASE WHEN $2::text IS NOT NULL AND $3::float8 IS NULL THEN now() END, \
+                   next_attempt_at = CASE WHEN $3::float8 IS NOT NULL THEN now() + \
+                       make_interval(secs => $3) END, \
+                   last_error = $2 \
+                 WHERE id = $1",
+                )
+                .bind::<Text, _>(id)
+                .bind::<Nullable<Text>, _>(error)
+                .bind::<Nullable<Double>, _>(delay.flatten())
+                .execute(conn)
+                .await
+                .context("record a delivery")?;
+                Ok(())
+            })
+            .await
     }
 }
 impl Backend for PgStore {
@@ -346,88 +515,102 @@ impl Backend for PgStore {
         id: &RefundId,
         idempotency: &Idempotency,
     ) -> StoreResult<Snapshot<Refund>> {
-        let mut conn = self.conn().await?;
-        let key = sql_query(
-            "SELECT now() AS now, i.fingerprint, i.status_code, i.body, i.location \
-             FROM (SELECT 1) AS one LEFT JOIN idempotency_keys i ON i.scope = $1 AND i.key = $2",
-        )
-        .bind::<Text, _>(&idempotency.scope)
-        .bind::<Text, _>(idempotency.key.as_str())
-        .get_result::<KeySnapshotRow>(&mut conn)
-        .await
-        .context("read the idempotency key")?;
-        let refund = shared::refund(&mut conn, &id.to_string()).await?;
-        Ok(Snapshot {
-            now: key.now,
-            row: refund,
-            stored: key.stored.into_answer(),
-            fate: None,
-        })
+        self.db
+            .run(async |conn| {
+            let key = sql_query(
+                "SELECT now() AS now, i.fingerprint, i.status_code, i.body, i.location \
+                 FROM (SELECT 1) AS one LEFT JOIN idempotency_keys i ON i.scope = $1 AND i.key = $2",
+            )
+            .bind::<Text, _>(&idempotency.scope)
+            .bind::<Text, _>(idempotency.key.as_str())
+            .get_result::<KeySnapshotRow>(conn)
+            .await
+            .context("read the idempotency key")?;
+            let refund = shared::refund(conn, &id.to_string()).await?;
+            Ok(Snapshot {
+                now: key.now,
+                row: refund,
+                stored: key.stored.into_answer(),
+                fate: None,
+            })
+            })
+            .await
     }
 
     async fn asset_snapshot(&self, id: &AssetId) -> StoreResult<Snapshot<Asset>> {
-        let mut conn = self.conn().await?;
-        let row = sql_query("SELECT now() AS now, * FROM assets WHERE id = $1")
-            .bind::<Text, _>(id.as_str())
-            .get_result::<NowAssetRow>(&mut conn)
+        self.db
+            .run(async |conn| {
+                let row = sql_query("SELECT now() AS now, * FROM assets WHERE id = $1")
+                    .bind::<Text, _>(id.as_str())
+                    .get_result::<NowAssetRow>(conn)
+                    .await
+                    .optional()
+                    .context("read an asset")?;
+                let now = match &row {
+                    Some(row) => row.now,
+                    None => db_now(conn).await?,
+                };
+                Ok(Snapshot {
+                    now,
+                    row: row.map(|r| r.asset.into_stored_asset()).transpose()?,
+                    stored: None,
+                    fate: None,
+                })
+            })
             .await
-            .optional()
-            .context("read an asset")?;
-        let now = match &row {
-            Some(row) => row.now,
-            None => db_now(&mut conn).await?,
-        };
-        Ok(Snapshot {
-            now,
-            row: row.map(|r| r.asset.into_stored_asset()).transpose()?,
-            stored: None,
-            fate: None,
-        })
     }
 
     async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
         let Some(retention) = self.settings.event_retention else {
             return Ok(0);
         };
-        let mut conn = self.conn().await?;
-        let purged = sql_query(
-            "DELETE FROM events WHERE id IN ( \
-               SELECT id FROM events WHERE delivered_at IS NOT NULL \
-                 AND created_at < now() - make_interval(secs => $1) \
-               ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        )
-        .bind::<Double, _>(retention.as_secs_f64())
-        .bind::<BigInt, _>(limit)
-        .execute(&mut conn)
-        .await
-        .context("purge delivered events")?;
-        Ok(purged as u64)
+        self.db
+            .run(async |conn| {
+                let purged = sql_query(
+                    "DELETE FROM events WHERE id IN ( \
+                   SELECT id FROM events WHERE delivered_at IS NOT NULL \
+                     AND created_at < now() - make_interval(secs => $1) \
+                   ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                )
+                .bind::<Double, _>(retention.as_secs_f64())
+                .bind::<BigInt, _>(limit)
+                .execute(conn)
+                .await
+                .context("purge delivered events")?;
+                Ok(purged as u64)
+            })
+            .await
     }
 
     /// Rows are taken with SKIP LOCKED in id order, so instances share the work.
     async fn expire_batch(&self, limit: i64) -> StoreResult<u64> {
-        let mut conn = self.conn().await?;
-        let now = db_now(&mut conn).await?;
-        let expired = conn
-            .transaction(async |c| expire_lapsed(c, None, now, limit).await)
+        let expired = self
+            .db
+            .transaction(async |c| {
+                let now = db_now(c).await?;
+                expire_lapsed(c, None, now, limit).await
+            })
             .await?;
         Ok(expired as u64)
     }
 
     async fn purge_batch(&self, limit: i64) -> StoreResult<u64> {
-        let mut conn = self.conn().await?;
-        let purged = sql_query(
-            "DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
-               SELECT scope, key FROM idempotency_keys WHERE created_at < now() - \
-                   make_interval(secs => $1) \
-               ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        )
-        .bind::<Double, _>(self.settings.idempotency_retention.as_secs_f64())
-        .bind::<BigInt, _>(limit)
-        .execute(&mut conn)
-        .await
-        .context("purge idempotency records")?;
-        Ok(purged as u64)
+        self.db
+            .run(async |conn| {
+                let purged = sql_query(
+                    "DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
+                   SELECT scope, key FROM idempotency_keys WHERE created_at < now() - \
+                       make_interval(secs => $1) \
+                   ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                )
+                .bind::<Double, _>(self.settings.idempotency_retention.as_secs_f64())
+                .bind::<BigInt, _>(limit)
+                .execute(conn)
+                .await
+                .context("purge idempotency records")?;
+                Ok(purged as u64)
+            })
+            .await
     }
 
     async fn hold_snapshot(
@@ -446,25 +629,25 @@ impl Backend for PgStore {
     }
 
     async fn claim(&self, draft: &HoldDraft<'_>, reclaim: bool) -> StoreResult<Claim> {
-        let mut conn = self.conn().await?;
         let limit = draft.request.max_live_holds;
         if !reclaim && limit.is_none() {
             // The fast path: one statement, its own transaction.
-            return claim_available(&mut conn, draft).await;
+            return self.db.run(async |c| claim_available(c, draft).await).await;
         }
         let now = draft.reservation.created_at;
         // Whatever the claim finds, what ran before it (the buyer's lock, the
         // expiry of a lapsed hold) may commit: the claim itself wrote nothing.
-        conn.transaction(async |c| {
-            if limit.is_some() {
-                lock_buyer(c, &draft.reservation.owner, &draft.reservation.buyer_id).await?;
-            }
-            if reclaim {
-                expire_lapsed(c, Some(&draft.reservation.asset_id), now, 1).await?;
-            }
-            claim_available(c, draft).await
-        })
-        .await
+        self.db
+            .transaction(async |c| {
+                if limit.is_some() {
+                    lock_buyer(c, &draft.reservation.owner, &draft.reservation.buyer_id).await?;
+                }
+                if reclaim {
+                    expire_lapsed(c, Some(&draft.reservation.asset_id), now, 1).await?;
+                }
+                claim_available(c, draft).await
+            })
+            .await
     }
 
     async fn reservation_snapshot(
@@ -473,19 +656,22 @@ impl Backend for PgStore {
         idempotency: &Idempotency,
         payment: Option<PaymentKey<'_>>,
     ) -> StoreResult<Snapshot<Reservation>> {
-        let mut conn = self.conn().await?;
-        Prepared(
-            sql_query(RESERVATION_SNAPSHOT_SQL)
-                .bind::<Text, _>(id.to_string())
-                .bind::<Text, _>(&idempotency.scope)
-                .bind::<Text, _>(idempotency.key.as_str())
-                .bind::<Nullable<Text>, _>(payment.map(|p| p.scope))
-                .bind::<Nullable<Text>, _>(payment.map(|p| p.reference)),
-        )
-        .get_result::<ReservationSnapshotRow>(&mut conn)
-        .await
-        .context("read the reservation")?
-        .into_snapshot()
+        self.db
+            .run(async |conn| {
+                Prepared(
+                    sql_query(RESERVATION_SNAPSHOT_SQL)
+                        .bind::<Text, _>(id.to_string())
+                        .bind::<Text, _>(&idempotency.scope)
+                        .bind::<Text, _>(idempotency.key.as_str())
+                        .bind::<Nullable<Text>, _>(payment.map(|p| p.scope))
+                        .bind::<Nullable<Text>, _>(payment.map(|p| p.reference)),
+                )
+                .get_result::<ReservationSnapshotRow>(conn)
+                .await
+                .context("read the reservation")?
+                .into_snapshot()
+            })
+            .await
     }
 
     async fn load_reservation(
@@ -493,8 +679,9 @@ impl Backend for PgStore {
         id: &ReservationId,
         now: Timestamp,
     ) -> StoreResult<Option<Reservation>> {
-        let mut conn = self.conn().await?;
-        shared::load_reservation(&mut conn, &id.to_string(), now, None).await
+        self.db
+            .run(async |conn| shared::load_reservation(conn, &id.to_string(), now, None).await)
+            .await
     }
 
     async fn payment_fates(
@@ -512,8 +699,8 @@ impl Backend for PgStore {
         idempotency: Option<&Idempotency>,
         assemble: Assemble<T>,
     ) -> StoreResult<Option<T>> {
-        let mut conn = self.conn().await?;
-        let result = conn
+        let result = self
+            .db
             .transaction(async |c| {
                 let Some(changed) = make(c, &change).await? else {
                     return Err(Abort::Retry);
@@ -671,13 +858,9 @@ const SNAPSHOT_BATCH_SIZE: usize = 256;
 type SnapshotInput = (String, String, String);
 
 async fn read_hold_snapshots(
-    pool: Pool<AsyncPgConnection>,
+    db: Sessions,
     inputs: Vec<SnapshotInput>,
 ) -> StoreResult<Vec<HoldSnapshotRow>> {
-    let mut conn = pool
-        .get()
-        .await
-        .map_err(|e| StoreError::unavailable("get a database connection", e))?;
     // Identical requests (retries of one key) are read once.
     let mut unique: Vec<&SnapshotInput> = Vec::with_capacity(inputs.len());
     let mut index = std::collections::HashMap::with_capacity(inputs.len());
@@ -693,15 +876,19 @@ async fn read_hold_snapshots(
     let assets: Vec<&str> = unique.iter().map(|(a, _, _)| a.as_str()).collect();
     let scopes: Vec<&str> = unique.iter().map(|(_, s, _)| s.as_str()).collect();
     let keys: Vec<&str> = unique.iter().map(|(_, _, k)| k.as_str()).collect();
-    let rows = Prepared(
-        sql_query(HOLD_SNAPSHOT_SQL)
-            .bind::<Array<Text>, _>(assets)
-            .bind::<Array<Text>, _>(scopes)
-            .bind::<Array<Text>, _>(keys),
-    )
-    .load::<HoldSnapshotRow>(&mut conn)
-    .await
-    .context("read the asset to hold")?;
+    let rows = db
+        .run(async |c| {
+            Prepared(
+                sql_query(HOLD_SNAPSHOT_SQL)
+                    .bind::<Array<Text>, _>(assets)
+                    .bind::<Array<Text>, _>(scopes)
+                    .bind::<Array<Text>, _>(keys),
+            )
+            .load::<HoldSnapshotRow>(c)
+            .await
+            .context("read the asset to hold")
+        })
+        .await?;
     if rows.len() != unique.len() {
         return Err(StoreError::Corrupt(format!(
             "{} snapshot rows for {} requests",

@@ -50,6 +50,11 @@ pub struct TestApp {
     pub client: Client,
     pub store: Store,
     server: Server,
+    /// Behind a pooler (`HOLDFAST_TEST_POOLER_URL`): a second instance on the
+    /// same database, its address and its server; requests alternate between
+    /// the two.
+    twin: Option<(String, Server)>,
+    turn: std::sync::atomic::AtomicUsize,
     db: TestDb,
 }
 
@@ -76,17 +81,40 @@ impl TestApp {
         config.hold_seconds_min = 1;
         config.janitor_interval_seconds = 0;
         config.workers = 2;
+        let pooled = db.through_pooler();
+        if let Some(url) = &pooled {
+            config.database_url = url.clone();
+            config.db_prepared_statements = false;
+        }
         adjust(&mut config);
-        Some(Self::start(backend, config, db).await)
+        let twin = match pooled {
+            // The twin migrates through the database itself, the first
+            // instance through the pooler.
+            Some(_) => {
+                let mut twin = config.clone();
+                twin.migration_database_url = Some(db.url.clone());
+                let (address, _, server) = Self::serve(twin).await;
+                Some((address, server))
+            }
+            None => None,
+        };
+        let mut app = Self::start(backend, config, db).await;
+        app.twin = twin;
+        Some(app)
     }
 
-    async fn start(backend: Backend, config: Config, db: TestDb) -> Self {
-        let app = Application::build(config.clone(), true)
+    async fn serve(config: Config) -> (String, Store, Server) {
+        let app = Application::build(config, true)
             .await
             .expect("the application starts");
         let address = format!("http://127.0.0.1:{}", app.port());
         let store = app.store().clone();
-        let server = tokio::spawn(app.run_until_stopped());
+        let server = Server::Task(tokio::spawn(app.run_until_stopped()));
+        (address, store, server)
+    }
+
+    async fn start(backend: Backend, config: Config, db: TestDb) -> Self {
+        let (address, store, server) = Self::serve(config).await;
         let client = Client::builder()
             .timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(200)
@@ -97,7 +125,9 @@ impl TestApp {
             address,
             client,
             store,
-            server: Server::Task(server),
+            server,
+            twin: None,
+            turn: Default::default(),
             db,
         }
     }
@@ -146,6 +176,8 @@ impl TestApp {
             client,
             store,
             server: Server::Process(process),
+            twin: None,
+            turn: Default::default(),
             db,
         })
     }
@@ -198,8 +230,18 @@ impl TestApp {
         &self.db.url
     }
 
+    /// The app's URL for `path`; behind a pooler, each call names the other
+    /// instance than the call before.
     pub fn url(&self, path: &str) -> String {
-        format!("{}{}", self.address, path)
+        let address = match &self.twin {
+            Some((twin, _))
+                if self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 1 =>
+            {
+                twin
+            }
+            _ => &self.address,
+        };
+        format!("{address}{path}")
     }
 
     pub async fn get(&self, path: &str) -> Response {
@@ -298,9 +340,12 @@ impl TestApp {
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        match &mut self.server {
-            Server::Task(server) => server.abort(),
-            Server::Process(process) => process.stop(),
+        let twin = self.twin.as_mut().map(|(_, server)| server);
+        for server in std::iter::once(&mut self.server).chain(twin) {
+            match server {
+                Server::Task(server) => server.abort(),
+                Server::Process(process) => process.stop(),
+            }
         }
     }
 }
@@ -445,6 +490,16 @@ impl TestDb {
                 })
             }
         }
+    }
+
+    /// This PostgreSQL database's URL through the pooler named by
+    /// `HOLDFAST_TEST_POOLER_URL` (a server URL without a database), if any.
+    fn through_pooler(&self) -> Option<String> {
+        let DbKind::Postgres { name, .. } = &self.kind else {
+            return None;
+        };
+        let pooler = std::env::var("HOLDFAST_TEST_POOLER_URL").ok()?;
+        Some(format!("{}/{name}", pooler.trim_end_matches('/')))
     }
 
     async fn execute(&self, sql: &str) {
