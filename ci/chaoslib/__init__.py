@@ -1,6 +1,6 @@
 """A bounded chaos run against holdfast, on PostgreSQL and/or SQLite.
 
-    python3 ci/chaos.py [--backend postgres|sqlite|both] [--seconds N] [--bin PATH]
+    python3 ci/chaos.py [--backend postgres|sqlite|both|failover] [--seconds N] [--bin PATH]
                         [--late-commit mixed|refund|accept-if-free]
 
 PostgreSQL: a fresh database, three instances on it (janitors every second),
@@ -16,6 +16,14 @@ with SIGKILL and started again a few seconds later, and later PostgreSQL
 itself is restarted. With --late-commit mixed (the default) the third
 instance runs HOLDFAST_LATE_COMMIT=accept-if-free, the others refund late
 payments.
+
+Failover (--backend failover, not part of "both"): the same load on a
+primary and its synchronous streaming standby, private clusters of the run,
+through the multi-host URL `postgres://…@primary,standby/…?target_session_attrs
+=read-write`. Mid-run the primary is stopped `immediate` and, a few seconds
+later, the standby promoted and told to stop waiting for a standby of its own
+(as Patroni does); every instance must serve again within seconds, and the
+checks then judge every answer against the new primary.
 
 SQLite: one instance on a file, a dozen client threads, the instance killed
 with SIGKILL mid-run and started again on the same file (with mixed: it

@@ -8,9 +8,11 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -47,6 +49,7 @@ def tail(path, lines=30):
 class Cleanup:
     def __init__(self):
         self.lock = threading.RLock()
+        self.callbacks: list = []
         self.procs: list[subprocess.Popen] = []
         self.pg_databases: list[str] = []
         self.pg_touched = False
@@ -72,6 +75,11 @@ class Cleanup:
                     proc.wait(timeout=10)
                 except Exception:
                     pass
+            for callback in self.callbacks:
+                try:
+                    callback()
+                except Exception as e:  # noqa: BLE001
+                    log(f"cleanup step failed: {e}")
             if self.pg_touched and not pg_ready():
                 log("PostgreSQL is not accepting connections; starting it")
                 pg_ctl("start")
@@ -102,9 +110,9 @@ def _pg_env():
     return env
 
 
-def psql(sql: str, db: str = "postgres", timeout: float = 60):
+def psql(sql: str, db: str = "postgres", timeout: float = 60, port: int | None = None):
     r = subprocess.run(
-        ["psql", "-X", "-q", "-h", PG_HOST, "-p", str(PG_PORT), "-U", PG_USER, "-d", db,
+        ["psql", "-X", "-q", "-h", PG_HOST, "-p", str(port or PG_PORT), "-U", PG_USER, "-d", db,
          "-v", "ON_ERROR_STOP=1", "-tA", "-F", "\t", "-c", sql],
         capture_output=True, text=True, timeout=timeout, env=_pg_env(),
     )
@@ -137,6 +145,97 @@ def pg_ctl(action: str, timeout: float = 120) -> subprocess.CompletedProcess:
     else:
         command = ["pg_ctlcluster", "--skip-systemctl-redirect", pg_version(), "main", action]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+class Replicas:
+    """A primary and its synchronous streaming standby: two private clusters
+    of this run, in a directory of their own (owned by the postgres user).
+    Every COMMIT the primary acknowledges is on the standby's disk first
+    (`synchronous_commit = on`, the standby named in
+    `synchronous_standby_names`), so promoting the standby loses nothing a
+    client was told. The failover is done as Patroni does it once its leader
+    key expires: the primary is gone (here: stopped `immediate`), the standby
+    is promoted (`pg_ctl promote`) and, with no standby left for it, the new
+    primary stops waiting for one."""
+
+    def __init__(self):
+        self.bin = os.path.join("/usr/lib/postgresql", pg_version(), "bin")
+        self.dir = tempfile.mkdtemp(prefix="holdfast-replicas-")
+        shutil.chown(self.dir, "postgres")
+        self.primary_port = free_port()
+        self.standby_port = free_port()
+        self.primary = os.path.join(self.dir, "primary")
+        self.standby = os.path.join(self.dir, "standby")
+        self.primary_alive = False
+        CLEANUP.callbacks.append(self.remove)
+
+    def _run(self, *args, timeout=120):
+        r = subprocess.run(["runuser", "-u", "postgres", "--", *args], capture_output=True,
+                           text=True, timeout=timeout, cwd=self.dir)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed ({r.returncode}): "
+                               f"{(r.stderr or r.stdout).strip()}")
+        return r
+
+    def _pg_ctl(self, data, *args, timeout=120):
+        return self._run(os.path.join(self.bin, "pg_ctl"), "-D", data, "-w",
+                         "-l", data + ".log", *args, timeout=timeout)
+
+    def setup(self):
+        self._run(os.path.join(self.bin, "initdb"), "-D", self.primary, "-U", PG_USER,
+                  "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8")
+        with open(os.path.join(self.primary, "postgresql.conf"), "a") as conf:
+            conf.write(f"\nport = {self.primary_port}\nlisten_addresses = '{PG_HOST}'\n"
+                       "unix_socket_directories = ''\nwal_level = replica\n"
+                       "max_wal_senders = 4\nmax_connections = 200\n"
+                       "synchronous_standby_names = 'FIRST 1 (standby1)'\n"
+                       "synchronous_commit = on\nfsync = on\n")
+        with open(os.path.join(self.primary, "pg_hba.conf"), "a") as hba:
+            hba.write(f"host replication {PG_USER} {PG_HOST}/32 trust\n")
+        self._pg_ctl(self.primary, "start")
+        self.primary_alive = True
+        self._run(os.path.join(self.bin, "pg_basebackup"), "-h", PG_HOST, "-p",
+                  str(self.primary_port), "-U", PG_USER, "-D", self.standby, "-R",
+                  "-X", "stream", "-c", "fast")
+        with open(os.path.join(self.standby, "postgresql.auto.conf"), "a") as conf:
+            conf.write(f"\nport = {self.standby_port}\n"
+                       f"primary_conninfo = 'host={PG_HOST} port={self.primary_port} "
+                       f"user={PG_USER} application_name=standby1'\n")
+        self._pg_ctl(self.standby, "start")
+        for _ in range(100):
+            rows = psql("SELECT sync_state FROM pg_stat_replication", port=self.primary_port)
+            if rows and rows[0][0] == "sync":
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("the standby did not become a synchronous standby")
+        log(f"primary on {self.primary_port}, synchronous standby on {self.standby_port}")
+
+    def url(self, db):
+        return (f"postgres://{PG_USER}@{PG_HOST}:{self.primary_port},{PG_HOST}:"
+                f"{self.standby_port}/{db}?target_session_attrs=read-write")
+
+    def kill_primary(self):
+        self._pg_ctl(self.primary, "-m", "immediate", "stop")
+        self.primary_alive = False
+
+    def promote(self):
+        """Promotes the standby, then, as Patroni does when no synchronous
+        standby is left (`synchronous_mode_strict` off), stops waiting for
+        one: else every COMMIT on the new primary would wait for a standby
+        that does not exist, holding its locks."""
+        self._pg_ctl(self.standby, "promote")
+        psql("ALTER SYSTEM SET synchronous_standby_names = ''", port=self.standby_port)
+        psql("SELECT pg_reload_conf()", port=self.standby_port)
+
+    def remove(self):
+        for data in (self.standby, self.primary):
+            if os.path.exists(os.path.join(data, "postmaster.pid")):
+                try:
+                    self._pg_ctl(data, "-m", "immediate", "stop", timeout=60)
+                except Exception as e:  # noqa: BLE001
+                    log(f"could not stop the cluster in {data}: {e}")
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------
@@ -246,8 +345,14 @@ class Cluster:
     """One backend's instances and database, and the faults done to them.
     Faults that did not go as planned are kept in `problems`."""
 
-    def __init__(self, backend, binary, workdir, late_commit):
+    def __init__(self, backend, binary, workdir, late_commit, replicated=False):
         self.backend = backend
+        # PostgreSQL as a primary and a synchronous standby of this run's own,
+        # and the failover as the fault (instead of the machine's PostgreSQL
+        # and its restart).
+        self.replicas = Replicas() if replicated else None
+        self.pg_port = PG_PORT
+        self.failovers: list[dict] = []
         self.binary = binary
         self.workdir = workdir
         self.late_commit = late_commit       # mixed, refund or accept-if-free
@@ -267,7 +372,14 @@ class Cluster:
 
     # ---- setup and teardown
     def setup(self):
-        if self.backend == "postgres":
+        if self.replicas:
+            self.replicas.setup()
+            self.pg_port = self.replicas.primary_port
+            self.db_name = f"holdfast_failover_{os.getpid()}"
+            psql(f'CREATE DATABASE "{self.db_name}"', port=self.pg_port)
+            self.db_url = self.replicas.url(self.db_name)
+            n = 3
+        elif self.backend == "postgres":
             CLEANUP.pg_touched = True
             if not pg_ready():
                 raise RuntimeError("PostgreSQL is not accepting connections on "
@@ -334,6 +446,9 @@ class Cluster:
             inst.kill9()
 
     def drop_database(self):
+        if self.replicas:
+            self.replicas.remove()
+            return
         if self.db_name and self.db_name in CLEANUP.pg_databases:
             try:
                 if not pg_ready():
@@ -405,12 +520,48 @@ class Cluster:
                                  + ", ".join(i.name for i in pending))
         log(f"PostgreSQL restarted; all instances ready again after {t1 - t0:.2f}s")
 
+    def fail_over(self, promote_after: float, serve_within: float):
+        """The primary stops at once (`immediate`: no shutdown checkpoint, its
+        sessions cut), nothing is primary for `promote_after` seconds, then
+        the standby is promoted; every instance must serve again within
+        `serve_within` seconds of the promotion, through the same URL."""
+        t0 = time.time()
+        log("failover: stopping the primary (immediate)")
+        self.replicas.kill_primary()
+        stopped = time.time()
+        time.sleep(promote_after)
+        # From the primary's end to the promotion, no server accepts writes.
+        self.outages.append((stopped, time.time()))
+        log("failover: promoting the standby")
+        self.replicas.promote()
+        promoted = time.time()
+        self.pg_port = self.replicas.standby_port
+        end = promoted + 90
+        pending = list(self.instances)
+        while pending and time.time() < end:
+            pending = [i for i in pending if not i.ready()]
+            if pending:
+                time.sleep(0.1)
+        t1 = time.time()
+        self.db_restarts += 1
+        self.windows.append((t0, t1))
+        self.failovers.append({"down": round(promoted - stopped, 2),
+                               "serving_after_promotion": round(t1 - promoted, 2)})
+        if pending:
+            self.problems.append("instances not ready 90 s after the promotion: "
+                                 + ", ".join(i.name for i in pending))
+        elif t1 - promoted > serve_within:
+            self.problems.append(f"instances served again {t1 - promoted:.1f}s after the "
+                                 f"promotion (allowed: {serve_within:g}s)")
+        log(f"failover: every instance ready {t1 - promoted:.2f}s after the promotion")
+
     # ---- reading the database directly
     def select(self, table, cols, ts=(), where=""):
         """Rows of a table as dicts; the columns named in ts as epoch seconds."""
         if self.backend == "postgres":
             sel = ", ".join(f"extract(epoch from {c})" if c in ts else c for c in cols)
-            rows = psql(f"SELECT {sel} FROM {table} {where}", db=self.db_name, timeout=120)
+            rows = psql(f"SELECT {sel} FROM {table} {where}", db=self.db_name, timeout=120,
+                        port=self.pg_port)
             return [{c: None if v == "" else (float(v) if c in ts else v)
                      for c, v in zip(cols, row)} for row in rows]
         conn = sqlite3.connect(f"file:{self.sqlite_path}?mode=ro", uri=True, timeout=30)

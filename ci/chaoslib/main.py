@@ -30,11 +30,17 @@ from .workload import AssetPool, Context, client, create_asset
 class Phase:
     """One backend's run."""
 
-    def __init__(self, backend, args, binary, workdir):
+    def __init__(self, name, args, binary, workdir):
+        # "failover": PostgreSQL as a primary and a synchronous standby, and
+        # the primary's death and the standby's promotion as the fault.
+        self.name = name
+        self.failover = name == "failover"
+        backend = "postgres" if self.failover else name
         self.backend = backend
         self.args = args
         self.workdir = workdir
-        self.cluster = Cluster(backend, binary, workdir, args.late_commit)
+        self.cluster = Cluster(backend, binary, workdir, args.late_commit,
+                               replicated=self.failover)
         self.rec = Recorder()
         self.threads = args.pg_threads if backend == "postgres" else args.sqlite_threads
         self.problems: list[str] = []     # the harness's own, reported as a check
@@ -61,11 +67,15 @@ class Phase:
                                     name=f"client-{t}") for t in range(self.threads)]
         for t in threads:
             t.start()
-        log(f"{self.backend}: {self.threads} client threads for {self.args.seconds}s")
+        log(f"{self.name}: {self.threads} client threads for {self.args.seconds}s")
 
         # The faults, at fractions of the load.
-        plan = [(0.30, "kill"), (0.60, "db-restart")] if self.backend == "postgres" \
-            else [(0.40, "kill")]
+        if self.failover:
+            plan = [(0.45, "failover")]
+        elif self.backend == "postgres":
+            plan = [(0.30, "kill"), (0.60, "db-restart")]
+        else:
+            plan = [(0.40, "kill")]
         last_report = time.time()
         for frac, action in plan + [(1.0, None)]:
             at = load_start + frac * self.args.seconds
@@ -79,6 +89,8 @@ class Phase:
                 cluster.kill_and_restart(victim, self.args.down_seconds)
             elif action == "db-restart":
                 cluster.restart_database(self.args.db_down_seconds)
+            elif action == "failover":
+                cluster.fail_over(self.args.promote_after, self.args.serve_within)
         log("load over; waiting for clients to finish their current request")
         join_end = time.time() + 90
         for t in threads:
@@ -93,7 +105,7 @@ class Phase:
         self.write_record()
         ev = Evidence(cluster, self.rec, ctx, pool, self.args.seed, self.problems)
         ev.unanswered_after_load = unanswered
-        print(f"\n== checks ({self.backend})")
+        print(f"\n== checks ({self.name})")
         ev.gather()
         print_audit(ev)
         log("checking")
@@ -105,7 +117,7 @@ class Phase:
         with self.rec.lock:
             n = self.rec.n_attempts
             top = ", ".join(f"{k}={v}" for k, v in self.rec.status_counts.most_common(6))
-        log(f"{self.backend}: {n} requests so far ({top}); {len(pool)} assets for sale")
+        log(f"{self.name}: {n} requests so far ({top}); {len(pool)} assets for sale")
 
     def resolve(self):
         """Requests that never got an answer (retries exhausted) are retried now,
@@ -147,7 +159,7 @@ class Phase:
         return self.problems[self.reported:]
 
     def summary(self):
-        print_summary(self.backend, self.cluster, self.threads,
+        print_summary(self.name, self.cluster, self.threads,
                       dict(self.figures, load_seconds=self.load_seconds), self.results)
         for text in self.problems_unreported():
             print(f"  HARNESS {text}")
@@ -155,7 +167,15 @@ class Phase:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="chaos.py", description=DOC.split("\n\n")[0])
-    p.add_argument("--backend", choices=["postgres", "sqlite", "both"], default="both")
+    p.add_argument("--backend", choices=["postgres", "sqlite", "both", "failover"],
+                   default="both",
+                   help="failover: PostgreSQL as a primary with a synchronous standby, the "
+                        "primary stopped (immediate) mid-run and the standby promoted")
+    p.add_argument("--promote-after", type=float, default=3.0,
+                   help="failover: seconds without a primary before the standby is promoted")
+    p.add_argument("--serve-within", type=float, default=10.0,
+                   help="failover: seconds after the promotion within which every instance "
+                        "must serve again")
     p.add_argument("--seconds", type=float, default=90.0, help="seconds of load per backend")
     p.add_argument("--bin", help="holdfast binary (default: cargo build, and the executable "
                                  "it reports)")
@@ -233,7 +253,7 @@ def main(argv=None) -> int:
         timer.cancel()
         CLEANUP.run()
     total = sum(ph.violations() for ph in phases)
-    print("\n== chaos: " + "; ".join(f"{ph.backend} violations={ph.violations()}"
+    print("\n== chaos: " + "; ".join(f"{ph.name} violations={ph.violations()}"
                                      for ph in phases) + f"; total violations={total}")
     if total == 0 and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)

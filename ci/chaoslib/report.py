@@ -186,6 +186,9 @@ def print_summary(backend, cluster, threads, f, results):
         print(f"  503 total {f['503']}, 503 in window {f['503_window']} (outside it "
               f"{f['503'] - f['503_window']}), connection errors in window "
               f"{f['conn_window']}, 2xx in window {f['2xx_window']}")
+        for n, failover in enumerate(cluster.failovers, 1):
+            print(f"  failover {n}: no primary for {failover['down']} s, every instance "
+                  f"serving {failover['serving_after_promotion']} s after the promotion")
         if cluster.outages:
             print(f"  database fully down for {f['outages']} s; requests sent and answered "
                   f"then: " + (counts(f["outage_answers"]) or "none"))

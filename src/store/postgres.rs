@@ -926,13 +926,17 @@ async fn lock_buyer(conn: &mut AsyncPgConnection, owner: &str, buyer: &str) -> S
 /// buyer is at the limit of live holds, and writes the reservation, its event
 /// and the stored answer. A taken asset makes it write nothing; a key used
 /// concurrently fails it whole (unique violation).
+///
+/// Sent on its own, the statement commits after its row has been sent: its
+/// answer is read to the end (`load`, not `get_result`, which stops at the
+/// first row), so that the hold is acknowledged only once it committed.
 async fn claim_available(
     conn: &mut AsyncPgConnection,
     draft: &HoldDraft<'_>,
 ) -> StoreResult<Claim> {
     let r = &draft.reservation;
     let idem = &draft.request.idempotency;
-    let row = Prepared(
+    let rows = Prepared(
         sql_query(HOLD_SQL)
             .bind::<Text, _>(&r.asset_id)
             .bind::<Text, _>(&r.reservation_id)
@@ -949,9 +953,13 @@ async fn claim_available(
             .bind::<Text, _>(&r.owner)
             .bind::<Nullable<BigInt>, _>(draft.request.max_live_holds),
     )
-    .get_result::<Claimed>(conn)
+    .load::<Claimed>(conn)
     .await
     .context("hold the asset")?;
+    let row = rows
+        .into_iter()
+        .next()
+        .ok_or_else(|| StoreError::Corrupt("the hold statement answered no row".into()))?;
     Ok(if row.claimed > 0 {
         Claim::Claimed
     } else if row.limit_reached {

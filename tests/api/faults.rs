@@ -157,6 +157,45 @@ async fn a_commit_that_waits_is_unknown_and_the_retry_answers_the_truth() {
     assert_eq!(sold["status"], "COMMITTED");
 }
 
+/// A hold is answered only once its transaction committed: the statement's
+/// rows come before its COMMIT when it runs on its own, and a COMMIT that
+/// fails (here a deferred trigger that raises, as a synchronous standby's
+/// wait can end the session) must not leave a 201 behind for a hold that
+/// is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_is_answered_only_after_its_commit() {
+    // No per-buyer limit: the hold is its single statement, committed on its own.
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
+        c.max_holds_per_buyer = 0;
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("WO-H1").await;
+    app.sql(
+        "CREATE FUNCTION failing_commit() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN PERFORM pg_sleep(0.2); RAISE EXCEPTION 'the commit failed'; END $$; \
+         CREATE CONSTRAINT TRIGGER failing_commit AFTER INSERT ON reservations \
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION failing_commit();",
+    )
+    .await;
+    let response = app
+        .post(
+            "/v1/assets/WO-H1/reservations",
+            Some(&new_key()),
+            &json!({"buyer_id": "b-1", "hold_seconds": 60}),
+        )
+        .await;
+    let status = response.status();
+    let body = response.text().await.unwrap();
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 0);
+    assert!(
+        !status.is_success(),
+        "a hold that did not commit answered {status}: {body}"
+    );
+}
+
 /// SQLite's write runs on a blocking thread that outlives the request's
 /// time: past the deadline it must roll back, not commit behind a 503 that
 /// said nothing was written. The writer is held by another process longer
