@@ -25,4 +25,5 @@ mod proxy;
 mod races;
 mod receiver;
 mod releases;
+mod statements;
 mod webhooks;
