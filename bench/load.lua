@@ -7,11 +7,14 @@
 --                a new buyer for each hold
 --   replay       the same key and body every time
 -- Each thread counts statuses; done() prints them with p50/p99 in µs.
+-- BENCH_THREAD_OFFSET numbers the threads from there (default 0).
 local mode = os.getenv("BENCH_MODE") or "hot"
 local asset = os.getenv("BENCH_ASSET") or "HOT"
 local prefix = os.getenv("BENCH_PREFIX") or "S"
+-- The first thread's number (the seeded assets are per thread): two wrk
+-- processes splitting one scenario take threads 0 and 1.
+local thread_count = tonumber(os.getenv("BENCH_THREAD_OFFSET") or "0")
 local threads = {}
-local thread_count = 0
 
 function setup(thread)
   thread:set("tid", thread_count)

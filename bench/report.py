@@ -40,7 +40,7 @@ for line in open(results_path):
     if m:
         rss.setdefault(m.group(2), {})[m.group(1)] = int(m.group(3))
         continue
-    m = re.match(r"(\S+) (.+?) (RESULT|STATUSES|STATEMENTS|XACTS|OTHER|WAL|TABLE|WALDUMP)\b ?(.*)", line)
+    m = re.match(r"(\S+) (.+?) (RESULT|STATUSES|STATEMENTS|XACTS|OTHER|WAL|TABLE|WALDUMP|CPU)\b ?(.*)", line)
     if not m:
         continue
     run, name, kind, rest = m.groups()
@@ -58,6 +58,8 @@ for line in open(results_path):
         d["wal"] = {k: int(v) for k, v in (x.split("=") for x in rest.split())}
     elif kind == "WALDUMP":
         d["waldump"] = {k: int(v) for k, v in (x.split("=") for x in rest.split())}
+    elif kind == "CPU":
+        d["cpu"] = {k: int(v) for k, v in (x.split("=") for x in rest.split())}
     elif kind == "TABLE":
         table, *kv = rest.split()
         d.setdefault("tables", {})[table] = {k: int(v) for k, v in (x.split("=") for x in kv)}
@@ -351,6 +353,100 @@ if any(w in data.get(r, {}) for r in runs for w, _, _ in writes):
             e = per_op(name, lambda d: entries(d.get("tables", {}).get(table, {}), table))
             lines.append(f"| {table} | {n_indexes(table)} | {f('ins'):.2f} | {f('upd'):.2f} | {f('hot'):.2f} | {e:.1f} |")
         lines.append("")
+
+# PostgreSQL through PgBouncer, beside the direct connection of the same run;
+# the CPU each request costs; two instances behind the pooler.
+def cpu_per(name, part, per):
+    """Median CPU µs of `part` (server, postgres, pooler) per operation."""
+    return med(per_run(name, lambda d, r: d["cpu"][f"{part}_ms"] * 1000 / max(per(d), 1) if "cpu" in d else None))
+
+
+pooled = [sc for sc in ("hot-held", "spread-hold", "hold-commit") if per_run(f"postgres-pgbouncer {sc}", lambda d, r: d["rps"])]
+if pooled:
+    lines += [
+        "## PostgreSQL through PgBouncer",
+        "",
+        "The same service through PgBouncer 1.18 in transaction pooling mode (`deploy/pgbouncer.ini`) with "
+        "`HOLDFAST_DB_PREPARED_STATEMENTS=false`, on a fresh copy of the same database, beside the direct connection of "
+        "the same run; the ratio is the pooled rate over the direct one, run by run. PgBouncer shares the two cores "
+        "with everything else, so its own CPU is part of what the ratio shows.",
+        "",
+        "| scenario | direct req/s | through PgBouncer req/s | pooled / direct (runs) | p99 direct | p99 pooled | "
+        "unexpected answers | statements per request (direct, pooled) | transactions per request (direct, pooled) |",
+        "|---|---:|---:|---|---:|---:|---:|---|---|",
+    ]
+    for scenario in pooled:
+        direct, pool = f"postgres {scenario}", f"postgres-pgbouncer {scenario}"
+        rate = (lambda d: ops_rate(scenario, d)) if scenario == "hold-commit" else (lambda d: d["rps"])
+        rr = [rate(data[r][pool]) / rate(data[r][direct]) for r in runs
+              if "rps" in data[r].get(pool, {}) and data[r].get(direct, {}).get("rps")]
+        bad = sum(unexpected(data[r][pool], scenario) for r in runs if pool in data[r])
+        unexpected_total += bad
+        count = lambda d: max(d["requests"], 1)
+        st = [num(med(per_run(n, lambda d, r: d["statements"] / count(d) if "statements" in d else None)), "{:.2f}") for n in (direct, pool)]
+        xa = [num(med(per_run(n, lambda d, r: d["xacts"] / count(d) if "xacts" in d else None)), "{:.2f}") for n in (direct, pool)]
+        unit = " sales/s" if scenario == "hold-commit" else ""
+        lines.append(
+            f"| {scenario} | {num(med(per_run(direct, lambda d, r: rate(d))))}{unit} | {num(med(per_run(pool, lambda d, r: rate(d))))}{unit} | "
+            f"{num(med(rr), '{:.2f}')} ({spread(rr)}) | {ms(med(per_run(direct, lambda d, r: d['p99'])))} | "
+            f"{ms(med(per_run(pool, lambda d, r: d['p99'])))} | {bad} | {st[0]}, {st[1]} | {xa[0]}, {xa[1]} |")
+    lines.append("")
+
+cost_rows = []
+for name, label, per_label in [
+        ("postgres hot-held", "hot-held, direct", "request"),
+        ("postgres-pgbouncer hot-held", "hot-held, through PgBouncer", "request"),
+        ("postgres spread-hold", "spread-hold, direct", "hold (201)"),
+        ("postgres-pgbouncer spread-hold", "spread-hold, through PgBouncer", "hold (201)"),
+        ("postgres hold-commit", "hold-commit, direct", "sale (its hold included)"),
+        ("postgres-pgbouncer hold-commit", "hold-commit, through PgBouncer", "sale (its hold included)"),
+        ("postgres-two hot-held", "hot-held, two instances through PgBouncer", "request"),
+        ("postgres-two spread-hold", "spread-hold, two instances through PgBouncer", "hold (201)")]:
+    if not per_run(name, lambda d, r: d.get("cpu")):
+        continue
+    per = lambda d, n=name: ops(n, d) if not n.endswith("hold-commit") else ops_rate(n, d) * d["secs"]
+    server, database, pooler = (cpu_per(name, part, per) for part in ("server", "postgres", "pooler"))
+    rate = med(per_run(name, lambda d, r, n=name: ops_rate(n, d)))
+    capacity = 1e6 / database if database else None
+    cost_rows.append(f"| {label} | {per_label} | {num(rate)} | {num(server)} | {num(database)} | {num(pooler)} | "
+                     f"{num(capacity)} | {num(1e6 / server if server else None)} |")
+if cost_rows:
+    lines += [
+        "## The cost of a request, and how many instances a primary carries",
+        "",
+        "CPU time over each measured run, from `/proc` (user and system): of the holdfast server(s), of every "
+        "PostgreSQL process (the backends doing the statements, the WAL writer, the checkpointer), and of PgBouncer, "
+        "divided by the operations done. The last two columns turn it into what one core does each second: the "
+        "operations one core of the database carries (PostgreSQL's CPU alone), and one core of holdfast instances. On "
+        "this machine the load generator takes a share of the same two cores, so the absolute rates above are lower "
+        "than what those cores would carry alone; the costs per operation are what the sizing in "
+        "`bench/README.md` rests on.",
+        "",
+        "| scenario | per | per second (median) | holdfast CPU µs | PostgreSQL CPU µs | PgBouncer CPU µs | "
+        "per database core per second | per holdfast core per second |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ] + cost_rows + [""]
+
+two = [sc for sc in ("hot-held", "spread-hold") if per_run(f"postgres-two {sc}", lambda d, r: d["rps"])]
+if two:
+    lines += [
+        "Two instances through PgBouncer, the 64 connections split between them (last run only). On two shared cores "
+        "this is **CPU-bound**: the instances, PostgreSQL, PgBouncer and the load generator compete for the same cores, "
+        "so a second instance cannot add throughput here; it shows that the pair serves correctly under load and what "
+        "the contention costs, not capacity.",
+        "",
+        "| scenario | two instances req/s | one instance through PgBouncer req/s (same run) | two / one | unexpected answers |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    last = runs[-1]
+    for scenario in two:
+        d2, d1 = data[last].get(f"postgres-two {scenario}", {}), data[last].get(f"postgres-pgbouncer {scenario}", {})
+        rate = (lambda d: ops_rate(scenario, d)) if scenario == "spread-hold" else (lambda d: d.get("rps", 0))
+        bad = unexpected(d2, scenario)
+        unexpected_total += bad
+        one = rate(d1) if d1 else None
+        lines.append(f"| {scenario} | {num(rate(d2))} | {num(one)} | {num(rate(d2) / one if one else None, '{:.2f}')} | {bad} |")
+    lines.append("")
 
 # SQLite, both durabilities.
 sqlite_rows = []

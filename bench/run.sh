@@ -27,7 +27,7 @@ ceiling_pid=""
 server_pid=""
 pg_dbs=()
 cleanup() {
-  for pid in $ceiling_pid $server_pid; do kill "$pid" 2>/dev/null || true; done
+  for pid in $ceiling_pid $server_pid ${extra_pids:-}; do kill "$pid" 2>/dev/null || true; done
   exec 9>&- # the WAL slot's session, if open, ends with its input
   for db in "${pg_dbs[@]}"; do
     psql -X -q -h 127.0.0.1 -U postgres -d postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
@@ -147,6 +147,15 @@ pg_delta() { # db name: the counters since pg_mark, as result lines
   fi
 }
 
+# CPU of a measured run: the server (or ceiling) process, PostgreSQL and
+# PgBouncer, in milliseconds.
+hz=$(getconf CLK_TCK)
+cpu_line() { # label "server postgres pooler" (before) "…" (after)
+  read -r a0 b0 p0 <<<"$2"
+  read -r a1 b1 p1 <<<"$3"
+  echo "$1 CPU server_ms=$(( (a1 - a0) * 1000 / hz )) postgres_ms=$(( (b1 - b0) * 1000 / hz )) pooler_ms=$(( (p1 - p0) * 1000 / hz ))"
+}
+
 # load RUN NAME PORT MODE DB [env…]: warm-up, then the measured run; prints
 # RESULT and STATUSES, the database statements (the server's count) and,
 # on PostgreSQL (DB not empty), its counters over the measured run alone.
@@ -158,17 +167,76 @@ load() {
   stats_wait=1.5
   if [[ $kind == write ]]; then stats_wait=${BENCH_STATS_WAIT:-11}; fi
   if [[ -n "$db" ]]; then pg_mark "$db" "$kind"; fi
-  local s0 s1
+  local s0 s1 c0 c1
   s0=$(statements "$port")
+  c0="$(cpu_ticks ${measured_pids:-$server_pid}) $(cpu_ticks_of postgres) $(cpu_ticks_of pgbouncer)"
   env BENCH_MODE="$mode" BENCH_PREFIX=M "$@" wrk -t$threads -c$connections -d${seconds}s -s bench/load.lua "http://127.0.0.1:$port" \
     >"$work/out"
+  c1="$(cpu_ticks ${measured_pids:-$server_pid}) $(cpu_ticks_of postgres) $(cpu_ticks_of pgbouncer)"
   s1=$(statements "$port")
   grep -E '^(RESULT|STATUSES)' "$work/out" | sed "s/^/$run $name /"
   if [[ -n "$s0" ]]; then echo "$run $name STATEMENTS $((s1 - s0))"; fi
+  cpu_line "$run $name" "$c0" "$c1"
   if [[ -n "$db" ]]; then pg_delta "$db" "$run $name"; fi
 }
 
+# split_load RUN NAME MODE [env…]: like load, with the connections split
+# between the two instances on 18304 and 18305 (one wrk each, at the same
+# time), the requests of both summed.
+split_load() {
+  local run=$1 name=$2 mode=$3; shift 3
+  local half=$((connections / 2)) c0 c1 port wrks=()
+  for port in 18304 18305; do
+    env BENCH_MODE="$mode" BENCH_PREFIX=W BENCH_THREAD_OFFSET=$((port - 18304)) "$@" \
+      wrk -t1 -c$half -d${warmup}s -s bench/load.lua "http://127.0.0.1:$port" >/dev/null &
+    wrks+=($!)
+  done
+  wait "${wrks[@]}"
+  wrks=()
+  c0="$(cpu_ticks $measured_pids) $(cpu_ticks_of postgres) $(cpu_ticks_of pgbouncer)"
+  for port in 18304 18305; do
+    env BENCH_MODE="$mode" BENCH_PREFIX=M BENCH_THREAD_OFFSET=$((port - 18304)) "$@" \
+      wrk -t1 -c$half -d${seconds}s -s bench/load.lua "http://127.0.0.1:$port" >"$work/out-$port" &
+    wrks+=($!)
+  done
+  wait "${wrks[@]}"
+  c1="$(cpu_ticks $measured_pids) $(cpu_ticks_of postgres) $(cpu_ticks_of pgbouncer)"
+  python3 - "$run $name" "$work/out-18304" "$work/out-18305" <<'PY'
+import re, sys
+name, outs = sys.argv[1], sys.argv[2:]
+requests = secs = errors = 0
+p50 = p99 = 0
+statuses = {}
+for path in outs:
+    for line in open(path):
+        if line.startswith("RESULT"):
+            kv = dict(x.split("=") for x in line.split()[1:])
+            requests += int(kv["requests"]); secs = max(secs, float(kv["seconds"])); errors += int(kv["errors"])
+            p50 = max(p50, int(kv["p50"])); p99 = max(p99, int(kv["p99"]))
+        elif line.startswith("STATUSES"):
+            for x in line.split()[1:]:
+                k, v = x.split("="); statuses[k] = statuses.get(k, 0) + int(v)
+print(f"{name} RESULT requests={requests} seconds={secs:.3f} p50={p50} p99={p99} errors={errors}")
+print(f"{name} STATUSES " + " ".join(f"{k}={v}" for k, v in statuses.items()))
+PY
+  cpu_line "$run $name" "$c0" "$c1"
+}
+
 peak_rss_kib() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
+
+# CPU time (clock ticks, user + system) of processes: those with the given
+# pids, or every process whose command is the given name (postgres: the
+# server and all its backends; pgbouncer).
+cpu_ticks() { # pid…
+  local total=0 pid
+  for pid in "$@"; do
+    [[ -r /proc/$pid/stat ]] && total=$((total + $(awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$pid/stat")))
+  done
+  echo "$total"
+}
+cpu_ticks_of() { # command name
+  cpu_ticks $(pgrep -x "$1" || true)
+}
 
 results=$work/results.txt
 : >"$results"
@@ -355,13 +423,18 @@ soak() {
   grep -E '^(RESULT|STATUSES)' "$work/soak.out" | sed "s/^/soak $backend soak /" >>"$results"
 }
 
+say "PgBouncer (deploy/pgbouncer.ini, transaction pooling)"
+pooler_dir=$(mktemp -d)
+pooler=$(ci/pgbouncer.sh start "$pooler_dir" 18390)
+trap 'ci/pgbouncer.sh stop "$pooler_dir"; rm -rf "$pooler_dir"; cleanup' EXIT
+
 for run in $(seq 1 "$runs"); do
   say "run $run of $runs: HTTP ceiling"
   # The ceiling gets the very requests of hot-held (POST, a JSON body, a new
   # Idempotency-Key each), so that the generator's and the HTTP stack's
   # share is the same on both sides; a bare GET is measured beside it.
-  load "$run" ceiling 18300 hot "" BENCH_ASSET=HOT >>"$results"
-  load "$run" ceiling-get 18300 ceiling "" >>"$results"
+  measured_pids=$ceiling_pid load "$run" ceiling 18300 hot "" BENCH_ASSET=HOT >>"$results"
+  measured_pids=$ceiling_pid load "$run" ceiling-get 18300 ceiling "" >>"$results"
 
   say "run $run of $runs: SQL ceilings (pgbench, canonical transactions), and the service's statements (diagnosis)"
   db=holdfast_bench_sql_$$_$run
@@ -381,6 +454,43 @@ for run in $(seq 1 "$runs"); do
   echo "$run postgres rss_kib $(peak_rss_kib "$server_pid")" >>"$results"
   stop
   drop_pg_db "$db"
+
+  # The same service through PgBouncer in transaction mode
+  # (deploy/pgbouncer.ini), prepared statements off, beside the direct
+  # connection of this run: what the pooler costs.
+  say "run $run of $runs: PostgreSQL through PgBouncer (transaction pooling)"
+  db=holdfast_bench_pool_$$_$run
+  new_pg_db "$db" "$svc_tpl"
+  serve postgres-pgbouncer 18303 "$pooler/$db" HOLDFAST_DB_PREPARED_STATEMENTS=false
+  prepare 18303
+  scenario "$run" postgres-pgbouncer 18303 "$db" hot-held hot BENCH_ASSET=HOT
+  scenario "$run" postgres-pgbouncer 18303 "$db" spread-hold spread
+  scenario "$run" postgres-pgbouncer 18303 "$db" hold-commit hold-commit
+  stop
+  drop_pg_db "$db"
+
+  # Two instances behind the pooler, the load split between them: on two
+  # shared cores this measures CPU contention, not capacity (bench/README.md
+  # derives capacity from the cost per request instead).
+  if [[ $run == "$runs" ]]; then
+    say "run $run of $runs: two instances behind PgBouncer (CPU-bound on this machine)"
+    db=holdfast_bench_two_$$_$run
+    new_pg_db "$db" "$svc_tpl"
+    serve postgres-two-a 18304 "$pooler/$db" HOLDFAST_DB_PREPARED_STATEMENTS=false
+    first_pid=$server_pid
+    serve postgres-two-b 18305 "$pooler/$db" HOLDFAST_DB_PREPARED_STATEMENTS=false
+    two_pids="$first_pid $server_pid"
+    extra_pids=$first_pid
+    prepare 18304
+    for pair in "hot-held hot BENCH_ASSET=HOT" "spread-hold spread"; do
+      read -r name mode extra <<<"$pair"
+      sql "$db" "VACUUM ANALYZE" "CHECKPOINT"
+      measured_pids=$two_pids split_load "$run" "postgres-two $name" "$mode" $extra >>"$results"
+    done
+    for pid in $two_pids; do kill "$pid"; wait "$pid" 2>/dev/null || true; done
+    server_pid=""
+    drop_pg_db "$db"
+  fi
 
   for sync in full normal; do
     backend=sqlite; [[ $sync == normal ]] && backend=sqlite-normal
