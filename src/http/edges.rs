@@ -26,30 +26,22 @@ fn head_bytes(req: &ServiceRequest) -> usize {
 }
 
 pub async fn edges(
-    mut req: ServiceRequest,
+    req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
-    if head_bytes(&req) > MAX_HEAD_BYTES {
+    // The path as actix routes it (percent-decoded), not as it was spelled:
+    // `/%76%31/assets` is `/v1/assets`.
+    let path = req.match_info().as_str();
+    let api = path == "/v1" || path.starts_with("/v1/");
+    let mut response = if head_bytes(&req) > MAX_HEAD_BYTES {
         let problem = Problem::new(
             ErrorCode::RequestHeadersTooLarge,
             format!("The request line and headers are over {MAX_HEAD_BYTES} bytes."),
         );
-        return Ok(req.into_response(respond(problem.into_reply())));
-    }
-    // HEAD is answered wherever GET is, as GET without its body: the
-    // connection writes a HEAD request's answer without one.
-    if req.method() == Method::HEAD {
-        req.head_mut().method = Method::GET;
-    }
-    let preflight = req.method() == Method::OPTIONS
-        && req
-            .headers()
-            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
-    let api = req.path() == "/v1" || req.path().starts_with("/v1/");
-    let mut response = next.call(req).await?.map_into_boxed_body();
-    if preflight && response.status().is_client_error() && !is_problem(&response) {
-        response = refused_preflight(response).await;
-    }
+        req.into_response(respond(problem.into_reply()))
+    } else {
+        serve(req, next).await?
+    };
     let headers = response.headers_mut();
     if !headers.contains_key(header::X_CONTENT_TYPE_OPTIONS) {
         headers.insert(
@@ -60,6 +52,27 @@ pub async fn edges(
     // Answers about reservations, payments and refunds are not for caches.
     if api {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    Ok(response)
+}
+
+/// HEAD served as GET, and a refused preflight answered as a problem.
+async fn serve(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    // HEAD is answered wherever GET is, as GET without its body: the
+    // connection writes a HEAD request's answer without one.
+    if req.method() == Method::HEAD {
+        req.head_mut().method = Method::GET;
+    }
+    let preflight = req.method() == Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let response = next.call(req).await?.map_into_boxed_body();
+    if preflight && response.status().is_client_error() && !is_problem(&response) {
+        return Ok(refused_preflight(response).await);
     }
     Ok(response)
 }

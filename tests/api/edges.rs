@@ -127,6 +127,21 @@ async fn api_answers_are_not_cached_or_sniffed(app: TestApp) {
             "{what}"
         );
     }
+    // Whatever the spelling of a /v1 path: actix routes the decoded one.
+    for path in ["/%76%31/assets", "/v1/%61ssets/NC-1", "/v1//assets"] {
+        let answer = app.raw("GET", path, &[], "").await;
+        assert_eq!(
+            answer.header("cache-control"),
+            Some("no-store"),
+            "{path}: {answer:?}"
+        );
+        assert_eq!(
+            answer.header("x-content-type-options"),
+            Some("nosniff"),
+            "{path}"
+        );
+    }
+    assert_eq!(app.raw("GET", "/%76%31/assets", &[], "").await.status, 200);
     assert_eq!(
         app.get("/healthz").await.headers()["x-content-type-options"],
         "nosniff"
@@ -188,6 +203,8 @@ async fn heads_over_32_kib_are_431(app: TestApp) {
         refused.header("content-type"),
         Some("application/problem+json")
     );
+    assert_eq!(refused.header("cache-control"), Some("no-store"));
+    assert_eq!(refused.header("x-content-type-options"), Some("nosniff"));
     let spread: Vec<(String, String)> = (0..10)
         .map(|i| (format!("X-Part-{i}"), "y".repeat(4 * 1024)))
         .collect();
