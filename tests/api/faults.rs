@@ -25,7 +25,8 @@ async fn held(app: &TestApp, asset: &str) -> String {
         .to_owned()
 }
 
-/// PostgreSQL cut off: no connection, nothing written.
+/// PostgreSQL cut off or stalled: nothing written, and the retry with the
+/// same Idempotency-Key runs for the first time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_connection_is_not_applied() {
     let upstream = crate::helpers::postgres_address();
@@ -42,33 +43,41 @@ async fn no_connection_is_not_applied() {
     else {
         return;
     };
-    let id = held(&app, "WO-1").await;
-    for mode in [Mode::Cut, Mode::Stall] {
+    for (mode, asset) in [(Mode::Cut, "WO-1"), (Mode::Stall, "WO-2")] {
+        let id = held(&app, asset).await;
+        let payment = format!("pay-{asset}");
         proxy.set(mode);
         let key = new_key();
-        let body = unavailable(app.commit(&id, &key, "pay-cut").await).await;
+        let body = unavailable(app.commit(&id, &key, &payment).await).await;
         assert_eq!(body["write_outcome"], "NOT_APPLIED", "{mode:?}: {body}");
         assert!(body["message"]
             .as_str()
             .unwrap()
             .contains("nothing was changed"));
         proxy.set(Mode::Pass);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    // The hold is as it was: the retry sells it.
-    let mut sold = None;
-    for _ in 0..30 {
-        let response = app.commit(&id, &new_key(), "pay-cut").await;
-        if response.status() == 200 {
-            sold = Some(response.json::<Value>().await.unwrap());
-            break;
+        // The retry with the same key, once the database is back, tells the
+        // truth: nothing was stored, so it runs for the first time and sells.
+        let mut retried = None;
+        for _ in 0..30 {
+            let response = app.commit(&id, &key, &payment).await;
+            if response.status() != 503 {
+                retried = Some(response);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let retried = retried.expect("an answer once the database is back");
+        assert_eq!(retried.status(), 200, "{mode:?}");
+        assert!(
+            retried.headers().get("idempotent-replayed").is_none(),
+            "{mode:?}: nothing was stored by the first attempt"
+        );
+        let sold: Value = retried.json().await.unwrap();
+        assert_eq!(sold["status"], "COMMITTED", "{mode:?}");
+        // From now on the same key replays that sale.
+        let again = app.commit(&id, &key, &payment).await;
+        assert_eq!(again.headers()["idempotent-replayed"], "true", "{mode:?}");
     }
-    assert_eq!(
-        sold.expect("sold once the database is back")["status"],
-        "COMMITTED"
-    );
 }
 
 /// A statement stuck behind another transaction's lock is cancelled by the
