@@ -472,6 +472,7 @@ pub enum WriteOutcome {
     /// Nothing was written: the request may be sent again as it is.
     NotApplied,
     /// A COMMIT may have been sent: the change may have committed. A retry
-    /// with the same Idempotency-Key answers the stored answer if it did.
+    /// with the same Idempotency-Key answers the stored answer if it did; an
+    /// operation without a key is read back instead.
     Unknown,
 }

@@ -123,8 +123,10 @@ pub fn describe(code: ErrorCode) -> &'static str {
         ServiceUnavailable => {
             "The database is unreachable or too slow; see Retry-After. \
             `write_outcome` says whether anything may have been written: NOT_APPLIED (nothing \
-                was: retry freely) or UNKNOWN (a COMMIT may have been sent: retry with the same \
-                    Idempotency-Key, which returns the stored answer if it committed)."
+                was: retry freely) or UNKNOWN (a COMMIT may have been sent: where the operation \
+                takes an Idempotency-Key, retry with the same key, which returns the stored \
+                answer if it committed; otherwise read the resource back to learn whether the \
+                change happened)."
         }
     }
 }

@@ -9,7 +9,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::Method;
 use actix_web::middleware::Next;
 
-use super::error::{respond, PROBLEM_JSON};
+use super::error::{fit_unconfirmed, respond, PROBLEM_JSON};
 use crate::reply::{ErrorCode, Problem};
 
 /// The largest request head (request line and headers) accepted.
@@ -56,7 +56,8 @@ pub async fn edges(
     Ok(response)
 }
 
-/// HEAD served as GET, and a refused preflight answered as a problem.
+/// HEAD served as GET, a refused preflight answered as a problem, and a 503
+/// that may have committed told in the words of its operation.
 async fn serve(
     mut req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
@@ -70,7 +71,7 @@ async fn serve(
         && req
             .headers()
             .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
-    let response = next.call(req).await?.map_into_boxed_body();
+    let response = fit_unconfirmed(next.call(req).await?.map_into_boxed_body());
     if preflight && response.status().is_client_error() && !is_problem(&response) {
         return Ok(refused_preflight(response).await);
     }

@@ -124,6 +124,46 @@ async fn a_statement_stuck_behind_a_lock_is_not_applied_on_both_backends() {
     a_statement_stuck_behind_a_lock_is_not_applied(Backend::Sqlite).await;
 }
 
+/// Every transaction that inserts into `table` makes its COMMIT wait 1.5 s:
+/// a deferred trigger runs at COMMIT time, as a synchronous standby's wait
+/// does. Dropped with `DROP TRIGGER slow_commit ON table`.
+async fn slow_commits(app: &TestApp, table: &str) {
+    app.sql(&format!(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON {table} \
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();"
+    ))
+    .await;
+}
+
+/// A write that takes no Idempotency-Key (creating an asset) whose COMMIT
+/// may have happened: UNKNOWN, and the message says to read the resource
+/// back, not to retry with a key the operation does not take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unkeyed_write_that_may_have_committed_says_to_read_back() {
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
+        c.db_timeout_ms = 700;
+    })
+    .await
+    else {
+        return;
+    };
+    slow_commits(&app, "assets").await;
+    let created = app
+        .post("/v1/assets", None, &json!({"id": "WO-U1", "name": "u"}))
+        .await;
+    let body = unavailable(created).await;
+    assert_eq!(body["write_outcome"], "UNKNOWN", "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("Read the resource back"), "{body}");
+    assert!(!message.contains("Idempotency-Key"), "{body}");
+    app.sql("DROP TRIGGER slow_commit ON assets").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Reading back tells what happened: the asset was created.
+    assert_eq!(app.get_json("/v1/assets/WO-U1").await["id"], "WO-U1");
+}
+
 /// A COMMIT that waits past the request's time (as with a synchronous
 /// standby gone): the change may commit, so the answer says UNKNOWN; once it
 /// committed, the retry with the same key returns the stored answer.
@@ -137,15 +177,7 @@ async fn a_commit_that_waits_is_unknown_and_the_retry_answers_the_truth() {
         return;
     };
     let id = held(&app, "WO-C1").await;
-    // Every stored answer makes its COMMIT wait 1.5 s: a deferred trigger
-    // runs at COMMIT time, as a synchronous standby's wait does.
-    app.sql(
-        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
-           $$ BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$; \
-         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON idempotency_keys \
-           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
-    )
-    .await;
+    slow_commits(&app, "idempotency_keys").await;
     let key = new_key();
     let body = unavailable(app.commit(&id, &key, "pay-slow").await).await;
     assert_eq!(body["write_outcome"], "UNKNOWN", "{body}");
