@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::helpers::{new_key, Backend, TestApp};
+use crate::helpers::{fault_library, new_key, unique, Backend, TestApp};
 use crate::proxy::{Mode, Proxy};
 
 async fn unavailable(response: reqwest::Response) -> Value {
@@ -234,4 +234,45 @@ async fn sqlite_checks_the_deadline_before_committing() {
     );
     let retry = app.post(path, Some(&key), &hold).await;
     assert_eq!(retry.status(), 201, "runs for the first time");
+}
+
+/// SQLite's COMMIT is as slow as its disk: when the request's time runs out
+/// while the COMMIT (the log's write and sync) is under way, the change may
+/// still land, so the answer is UNKNOWN; once it landed, the retry with the
+/// same key replays the stored answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_commit_slower_than_the_deadline_is_unknown() {
+    let library = fault_library();
+    let slow_disk = std::env::temp_dir().join(unique("holdfast-slow-disk"));
+    let Some(app) = TestApp::try_spawn_process(Backend::Sqlite, |command, _| {
+        command
+            .env("LD_PRELOAD", &library)
+            .env("FAULT_SLOW_SYNC_FILE", &slow_disk)
+            .env("HOLDFAST_DB_TIMEOUT_MS", "700");
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("WO-D1").await;
+    let key = new_key();
+    let hold = json!({"buyer_id": "b"});
+    let path = "/v1/assets/WO-D1/reservations";
+    std::fs::write(&slow_disk, "").unwrap();
+    let body = unavailable(app.post(path, Some(&key), &hold).await).await;
+    std::fs::remove_file(&slow_disk).unwrap();
+    assert_eq!(body["write_outcome"], "UNKNOWN", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("same Idempotency-Key"),
+        "{body}"
+    );
+    // The COMMIT goes on on the writer's thread and lands.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let retry = app.post(path, Some(&key), &hold).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
 }
