@@ -930,6 +930,11 @@ async fn form_posts_are_refused_for_every_caller(backend: Backend) {
                 ("POST", "/v1/assets", ""),
                 ("PATCH", "/v1/assets/FORM-1", ""),
                 ("DELETE", "/v1/assets/FORM-1", ""),
+                (
+                    "POST",
+                    "/v1/events/evt_01HZX4B2Q7C3M9D8E6F5G4H3JB/redeliver",
+                    "",
+                ),
                 ("POST", "/no/such/route", ""),
             ] {
                 let mut headers = vec![("Content-Type", content_type)];
