@@ -1,7 +1,8 @@
 //! What every answer and every request go through, whatever route they
 //! reach: the size of the request head, HEAD served as GET, the headers that
-//! keep answers out of caches and away from content sniffing, and browser
-//! refusals (CORS) answered as problems like every other error.
+//! keep answers out of caches and away from content sniffing, browser
+//! refusals (CORS) answered as problems like every other error, and a 503
+//! that may have committed told in the words of its operation.
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
