@@ -9,7 +9,7 @@
 
   const POLL_MS = 1000;
   const PAGE_SIZE = 50;
-  const REFUND_PAGE = 100;
+  const REFUND_PAGE = 500;
   const SOON_SECONDS = 60;
   const DEFAULT_STATUSES = ["AVAILABLE", "HELD", "SOLD", "WITHDRAWN"];
   const ASSET_PATH = "/v1/assets/{asset_id}";
@@ -948,21 +948,28 @@
   // ---- refunds -----------------------------------------------------------------
 
   async function loadRefunds() {
-    const params = new URLSearchParams({ limit: String(REFUND_PAGE) });
-    if (state.refundFilter) params.set("status", state.refundFilter);
     const filter = state.refundFilter;
-    const body = await api("GET", `/v1/refunds?${params}`);
-    if (filter !== state.refundFilter) return;
-    const items = (body?.items || []).slice();
+    const items = [];
+    let cursor = null;
+    // Every refund, page by page, as the timeline follows next_cursor.
+    do {
+      const params = new URLSearchParams({ limit: String(REFUND_PAGE) });
+      if (filter) params.set("status", filter);
+      if (cursor) params.set("cursor", cursor);
+      const page = await api("GET", `/v1/refunds?${params}`);
+      if (filter !== state.refundFilter) return;
+      items.push(...(page?.items || []));
+      cursor = page?.next_cursor || null;
+    } while (cursor);
     // Waiting ones first; each group oldest first, as the API lists them.
     items.sort((a, b) => (a.status === "REQUESTED" ? 0 : 1) - (b.status === "REQUESTED" ? 0 : 1));
-    renderRefunds(items, Boolean(body?.next_cursor));
+    renderRefunds(items);
   }
 
-  function renderRefunds(items, more) {
+  function renderRefunds(items) {
     const list = $("refunds");
     const waiting = items.filter((r) => r.status === "REQUESTED").length;
-    setText($("refunds-heading"), `Refunds${waiting ? ` waiting: ${waiting}${more ? "+" : ""}` : ""}`);
+    setText($("refunds-heading"), `Refunds${waiting ? ` waiting: ${waiting}` : ""}`);
     const empty = $("refunds-empty");
     empty.hidden = items.length > 0;
     setText(empty, state.refundFilter ? "No refunds waiting." : "No refunds.");
@@ -989,7 +996,6 @@
       list.append(li);
       if (focused === refund.refund_id) open.focus();
     }
-    if (more) list.append(el("li", "more", `More than ${REFUND_PAGE}; the API lists them all (GET /v1/refunds).`));
   }
 
   // ---- polling -------------------------------------------------------------------

@@ -404,6 +404,19 @@ pub fn service_unavailable(outcome: WriteOutcome) -> Problem {
     Problem::new(ErrorCode::ServiceUnavailable, message).with("write_outcome", outcome)
 }
 
+/// The 503 of a change whose COMMIT may have been sent, for an operation
+/// that takes no Idempotency-Key: no answer is stored to replay, so the
+/// client reads the resource back to learn whether the change happened.
+pub fn unconfirmed_without_key() -> Problem {
+    Problem::new(
+        ErrorCode::ServiceUnavailable,
+        "The database did not confirm in time; the change may have been committed. \
+         Read the resource back to learn whether it happened before sending the \
+         request again.",
+    )
+    .with("write_outcome", WriteOutcome::Unknown)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -136,7 +136,8 @@ pub struct Asset {
     #[serde(serialize_with = "serde_ts::option::serialize")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub hold_expires_at: Option<Timestamp>,
-    /// Set while HELD or SOLD.
+    /// Set while HELD or SOLD. A storefront sees only its own reservation
+    /// here: another client's is null.
     pub current_reservation_id: Option<String>,
     /// Holds before this instant answer 409 SALE_NOT_OPEN; null when on sale.
     #[serde(serialize_with = "serde_ts::option::serialize")]
@@ -472,6 +473,7 @@ pub enum WriteOutcome {
     /// Nothing was written: the request may be sent again as it is.
     NotApplied,
     /// A COMMIT may have been sent: the change may have committed. A retry
-    /// with the same Idempotency-Key answers the stored answer if it did.
+    /// with the same Idempotency-Key answers the stored answer if it did; an
+    /// operation without a key is read back instead.
     Unknown,
 }

@@ -74,10 +74,15 @@ pub fn describe(code: ErrorCode) -> &'static str {
         MalformedJson => "The body is not JSON, or not a JSON object.",
         IdempotencyKeyInvalid => {
             "The Idempotency-Key header is missing, empty, too long or not \
-            printable ASCII."
+            printable ASCII, or the request carries it twice (whatever the values)."
         }
         Unauthenticated => "No API key, or an unknown one.",
-        Forbidden => "This API key's role may not do this.",
+        Forbidden => {
+            "This API key's role may not do this; or a change (any method but GET, HEAD and \
+            OPTIONS) signed in with HTTP Basic came from another site: its Sec-Fetch-Site is not \
+            same-origin or none, or without that header its Origin names another host; or a \
+            browser's preflight was refused (see CORS above)."
+        }
         NotFound => "No such route.",
         AssetNotFound => "No asset has this id.",
         ReservationNotFound => "No reservation has this id.",
@@ -115,7 +120,11 @@ pub fn describe(code: ErrorCode) -> &'static str {
         AssetSold => "The asset is sold; void the sale first.",
         PayloadTooLarge => "The body is over the size limit.",
         RequestHeadersTooLarge => "The request line and headers are over 32 KiB.",
-        UnsupportedMediaType => "The body is not sent as application/json.",
+        UnsupportedMediaType => {
+            "The body is not sent as application/json. A change sent with an HTML form's \
+            encoding (application/x-www-form-urlencoded, multipart/form-data, text/plain) is \
+            refused, even with an empty body."
+        }
         ValidationFailed => "Fields break their rules; see errors.",
         IdempotencyKeyReused => "This Idempotency-Key was used for a different request.",
         RateLimited => "Too many requests; see Retry-After.",
@@ -123,8 +132,10 @@ pub fn describe(code: ErrorCode) -> &'static str {
         ServiceUnavailable => {
             "The database is unreachable or too slow; see Retry-After. \
             `write_outcome` says whether anything may have been written: NOT_APPLIED (nothing \
-                was: retry freely) or UNKNOWN (a COMMIT may have been sent: retry with the same \
-                    Idempotency-Key, which returns the stored answer if it committed)."
+                was: retry freely) or UNKNOWN (a COMMIT may have been sent: where the operation \
+                takes an Idempotency-Key, retry with the same key, which returns the stored \
+                answer if it committed; otherwise read the resource back to learn whether the \
+                change happened)."
         }
     }
 }

@@ -1,7 +1,8 @@
 //! What every answer and every request go through, whatever route they
 //! reach: the size of the request head, HEAD served as GET, the headers that
-//! keep answers out of caches and away from content sniffing, and browser
-//! refusals (CORS) answered as problems like every other error.
+//! keep answers out of caches and away from content sniffing, browser
+//! refusals (CORS) answered as problems like every other error, and a 503
+//! that may have committed told in the words of its operation.
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -9,7 +10,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::Method;
 use actix_web::middleware::Next;
 
-use super::error::{respond, PROBLEM_JSON};
+use super::error::{fit_unconfirmed, respond, PROBLEM_JSON};
 use crate::reply::{ErrorCode, Problem};
 
 /// The largest request head (request line and headers) accepted.
@@ -26,30 +27,22 @@ fn head_bytes(req: &ServiceRequest) -> usize {
 }
 
 pub async fn edges(
-    mut req: ServiceRequest,
+    req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
-    if head_bytes(&req) > MAX_HEAD_BYTES {
+    // The path as actix routes it (percent-decoded), not as it was spelled:
+    // `/%76%31/assets` is `/v1/assets`.
+    let path = req.match_info().as_str();
+    let api = path == "/v1" || path.starts_with("/v1/");
+    let mut response = if head_bytes(&req) > MAX_HEAD_BYTES {
         let problem = Problem::new(
             ErrorCode::RequestHeadersTooLarge,
             format!("The request line and headers are over {MAX_HEAD_BYTES} bytes."),
         );
-        return Ok(req.into_response(respond(problem.into_reply())));
-    }
-    // HEAD is answered wherever GET is, as GET without its body: the
-    // connection writes a HEAD request's answer without one.
-    if req.method() == Method::HEAD {
-        req.head_mut().method = Method::GET;
-    }
-    let preflight = req.method() == Method::OPTIONS
-        && req
-            .headers()
-            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
-    let api = req.path() == "/v1" || req.path().starts_with("/v1/");
-    let mut response = next.call(req).await?.map_into_boxed_body();
-    if preflight && response.status().is_client_error() && !is_problem(&response) {
-        response = refused_preflight(response).await;
-    }
+        req.into_response(respond(problem.into_reply()))
+    } else {
+        serve(req, next).await?
+    };
     let headers = response.headers_mut();
     if !headers.contains_key(header::X_CONTENT_TYPE_OPTIONS) {
         headers.insert(
@@ -60,6 +53,28 @@ pub async fn edges(
     // Answers about reservations, payments and refunds are not for caches.
     if api {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    Ok(response)
+}
+
+/// HEAD served as GET, a refused preflight answered as a problem, and a 503
+/// that may have committed told in the words of its operation.
+async fn serve(
+    mut req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    // HEAD is answered wherever GET is, as GET without its body: the
+    // connection writes a HEAD request's answer without one.
+    if req.method() == Method::HEAD {
+        req.head_mut().method = Method::GET;
+    }
+    let preflight = req.method() == Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let response = fit_unconfirmed(next.call(req).await?.map_into_boxed_body());
+    if preflight && response.status().is_client_error() && !is_problem(&response) {
+        return Ok(refused_preflight(response).await);
     }
     Ok(response)
 }

@@ -1,11 +1,14 @@
 //! Problem+json answers (RFC 9457) and the one place where failures become statuses.
 
+use actix_web::body::BoxBody;
+use actix_web::dev::ServiceResponse;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 
+use super::operations::{self, Input};
 use crate::reply::{self, ErrorCode, Problem, Reply};
-use crate::store::{Keyed, StoreError};
+use crate::store::{Keyed, StoreError, WriteOutcome};
 use crate::telemetry::count;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -95,6 +98,30 @@ impl ResponseError for ApiError {
             }
         }
     }
+}
+
+/// A 503 whose COMMIT may have been sent, told in the words of the operation
+/// that answered it: one without an Idempotency-Key has no stored answer to
+/// replay, so its client reads the resource back instead.
+pub fn fit_unconfirmed(response: ServiceResponse<BoxBody>) -> ServiceResponse<BoxBody> {
+    let unconfirmed = response
+        .response()
+        .error()
+        .and_then(|e| e.as_error::<ApiError>())
+        .is_some_and(|e| {
+            matches!(e, ApiError::Store(s)
+                if s.is_unavailable() && s.write_outcome() == WriteOutcome::Unknown)
+        });
+    let keyed = response
+        .request()
+        .match_name()
+        .and_then(operations::find)
+        .is_some_and(|op| op.input == Input::KeyedBody);
+    if !unconfirmed || keyed {
+        return response;
+    }
+    let (req, _) = response.into_parts();
+    ServiceResponse::new(req, respond(reply::unconfirmed_without_key().into_reply()))
 }
 
 /// The error and its causes, for the log only.

@@ -118,7 +118,17 @@ pub struct ProblemBody {
     info(
         title = "holdfast",
         description = "Hold-and-commit reservations for one-of-a-kind assets: a buyer holds, the \
-            payment system commits, an abandoned hold comes back by itself.",
+            payment system commits, an abandoned hold comes back by itself.\n\n\
+            Every answer carries `X-Content-Type-Options: nosniff`, and every answer under `/v1` \
+            also `Cache-Control: no-store`: reservations, refunds and events carry buyer and \
+            payment data. `HEAD` is served wherever `GET` is, with the same status and headers \
+            and no body; it is not listed as an operation of its own.\n\n\
+            Browsers on other origins (CORS): the origins listed in `HOLDFAST_CORS_ORIGINS` may \
+            call every method the API serves (`GET`, `HEAD`, `POST`, `PATCH`) with the headers \
+            `Authorization`, `Content-Type`, `Idempotency-Key` and `X-Request-Id`; `Location`, \
+            `Idempotent-Replayed`, `Retry-After` and `X-Request-Id` are exposed. Preflights are \
+            answered without credentials; one from another origin, or for another method or \
+            header, is `403 FORBIDDEN`. Without the setting no origin is allowed.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     tags(

@@ -240,7 +240,8 @@ pub const OPERATIONS: &[Operation] = &[
         "redeliver_event",
         Roles(ADMIN),
         NO_INPUT,
-        &[(404, &[EventNotFound])],
+        // A POST: the guard refuses form encodings on every change.
+        &[(404, &[EventNotFound]), (415, &[UnsupportedMediaType])],
     ),
     public("get_health", false),
     public("get_readiness", true),

@@ -245,7 +245,8 @@ pub struct RefundPage {
 }
 
 /// A place in the global event feed. On PostgreSQL, the writing
-/// transaction's id and the insertion position; on SQLite, the row id.
+/// transaction's id and the insertion position; on SQLite, the event's
+/// position.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FeedCursor {
     pub tx: i64,

@@ -232,8 +232,9 @@ impl SqliteStore {
 /// no holdfast may have open: the backup must be a whole holdfast database
 /// (`PRAGMA integrity_check`), the target's old write-ahead log and shared
 /// memory files are removed (a stale log would be replayed into the restored
-/// file), and the copy is synced and renamed into place, so that a crash
-/// leaves either the old database or the restored one.
+/// file), the copy is migrated and its feed position raised above the
+/// replaced database's, and it is synced and renamed into place, so that a
+/// crash leaves either the old database or the restored one.
 pub fn restore(backup: &Path, target: &Path) -> StoreResult<()> {
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         StoreError::Config(format!("cannot restore {}: {what}: {e}", backup.display()))
@@ -270,6 +271,27 @@ pub fn restore(backup: &Path, target: &Path) -> StoreResult<()> {
         .map_err(|e| StoreError::Config(format!("cannot resolve {}: {e}", target.display())))?;
     let staging = target.with_extension("restoring");
     std::fs::copy(backup, &staging).map_err(|e| fail("cannot copy it", &e))?;
+    {
+        // Migrated now, so that its feed has its mark; the mark is raised
+        // above every position handed out before the restore: above the
+        // replaced database's mark when it can still be read, and above the
+        // clock in microseconds, which positions (one more per event) stay
+        // far below, for when the old file is lost.
+        let mut conn = SqliteConnection::establish(&staging.display().to_string())
+            .map_err(|e| fail("cannot open the copy", &e))?;
+        conn.run_pending_migrations(MIGRATIONS)
+            .map_err(|e| fail("cannot migrate it", &e))?;
+        let replaced = target
+            .exists()
+            .then(|| last_position(&target))
+            .flatten()
+            .unwrap_or(0);
+        sql_query("UPDATE feed_position SET last_position = max(last_position, ?, ?)")
+            .bind::<BigInt, _>(replaced)
+            .bind::<BigInt, _>(clock().timestamp_micros())
+            .execute(&mut conn)
+            .map_err(|e| fail("cannot raise its feed position", &e))?;
+    }
     std::fs::File::open(&staging)
         .and_then(|f| f.sync_all())
         .map_err(|e| fail("cannot sync the copy", &e))?;
@@ -288,6 +310,15 @@ pub fn restore(backup: &Path, target: &Path) -> StoreResult<()> {
             .map_err(|e| fail("cannot sync the directory", &e))?;
     }
     Ok(())
+}
+
+/// The last feed position of the database at `path`, if it can be read.
+fn last_position(path: &Path) -> Option<i64> {
+    let mut conn = SqliteConnection::establish(&path.display().to_string()).ok()?;
+    sql_query("SELECT last_position AS n FROM feed_position")
+        .get_result::<Count>(&mut conn)
+        .ok()
+        .map(|c| c.n)
 }
 
 fn abort_to_error(abort: Abort) -> StoreError {
@@ -787,12 +818,12 @@ pub(crate) fn expire_lapsed(
 }
 
 /// An event; its owner is the owner of the reservation it reports (?7). Its
-/// feed position is the larger of the last one plus one and the clock in
-/// microseconds (?9): it grows even when every older event was purged, and
-/// after a restore it lies above every position handed out before.
+/// feed position is one above the last one handed out, which `feed_position`
+/// keeps in a row that purging never deletes (its trigger moves it up in the
+/// same transaction): positions only ever grow, whatever the clock does.
 const INSERT_EVENT_SQL: &str = "\
 INSERT INTO events (position, id, asset_id, sequence, type, data, created_at, owner, actor)
-VALUES (max(coalesce((SELECT max(position) FROM events), 0) + 1, ?9),
+VALUES ((SELECT last_position FROM feed_position) + 1,
         ?1, ?2, ?3, ?4, ?5, ?6, (SELECT owner FROM reservations WHERE id = ?7), ?8)";
 
 pub(crate) fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()> {
@@ -805,7 +836,6 @@ pub(crate) fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> Sto
         .bind::<Instant, _>(event.created_at)
         .bind::<Nullable<Text>, _>(event.reservation_id.as_deref())
         .bind::<Nullable<Text>, _>(event.actor.as_deref())
-        .bind::<BigInt, _>(clock().timestamp_micros())
         .execute(conn)
         .context("record an event")?;
     Ok(())

@@ -402,6 +402,56 @@ async fn a_burst_of_one_buyer_ends_at_the_limit(app: TestApp) {
 
 backend_tests!(a_burst_of_one_buyer_ends_at_the_limit);
 
+/// A browser sends a preflight without credentials: with keys configured it
+/// is still answered, and the request it clears then needs its key.
+async fn preflights_need_no_key(backend: Backend) {
+    let Some((app, keys)) = spawn_with_keys(backend, |c| {
+        c.cors_origins = Some("https://shop.example".into());
+    })
+    .await
+    else {
+        return;
+    };
+    let preflight = app
+        .raw(
+            "OPTIONS",
+            "/v1/assets/A-1/reservations",
+            &[
+                ("Origin", "https://shop.example"),
+                ("Access-Control-Request-Method", "POST"),
+                (
+                    "Access-Control-Request-Headers",
+                    "authorization, content-type, idempotency-key",
+                ),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(preflight.status, 200, "{}", preflight.body);
+    assert_eq!(
+        preflight.header("access-control-allow-origin"),
+        Some("https://shop.example")
+    );
+    let get = |token: Option<String>| {
+        let mut request = app
+            .client
+            .get(app.url("/v1/assets"))
+            .header("Origin", "https://shop.example");
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    assert_eq!(get(None).await.unwrap().status(), 401);
+    assert_eq!(get(Some(keys.shop.clone())).await.unwrap().status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflights_need_no_key_on_both_backends() {
+    preflights_need_no_key(Backend::Postgres).await;
+    preflights_need_no_key(Backend::Sqlite).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cors_is_answered_for_configured_origins_only() {
     let Some(app) = TestApp::try_spawn_with(Backend::Sqlite, |c| {
@@ -930,6 +980,11 @@ async fn form_posts_are_refused_for_every_caller(backend: Backend) {
                 ("POST", "/v1/assets", ""),
                 ("PATCH", "/v1/assets/FORM-1", ""),
                 ("DELETE", "/v1/assets/FORM-1", ""),
+                (
+                    "POST",
+                    "/v1/events/evt_01HZX4B2Q7C3M9D8E6F5G4H3JB/redeliver",
+                    "",
+                ),
                 ("POST", "/no/such/route", ""),
             ] {
                 let mut headers = vec![("Content-Type", content_type)];
@@ -1158,8 +1213,10 @@ async fn storefronts_never_read_other_clients_buyers_or_payments(backend: Backen
     )
     .await;
     assert_eq!(status, 200);
-    let (status, _) = hold(keys.other_shop.clone(), "P-1").await;
+    let (status, again) = hold(keys.other_shop.clone(), "P-1").await;
     assert_eq!(status, 201);
+    let again: Value = serde_json::from_str(&again).unwrap();
+    let again_id = again["reservation_id"].as_str().unwrap().to_owned();
     let (status, mine) = send(
         Method::POST,
         "/v1/assets/P-2/reservations".into(),
@@ -1173,6 +1230,7 @@ async fn storefronts_never_read_other_clients_buyers_or_payments(backend: Backen
 
     let secrets = [
         theirs_id.as_str(),
+        again_id.as_str(),
         "secret-buyer-b",
         "secret-payment-b",
         "rf_",

@@ -1,7 +1,7 @@
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::{unique, TestApp};
+use crate::helpers::{unique, Backend, TestApp};
 
 async fn create_asset_answers_201_with_location(app: TestApp) {
     let id = unique("EQ");
@@ -263,7 +263,38 @@ async fn the_timeline_pages_by_cursor(app: TestApp) {
     }
 }
 
+/// Without `limit`, a timeline page holds 500 events. The 600 events are
+/// written straight into the database (withdrawn, reinstated, …).
+async fn the_timeline_page_is_500_by_default(app: TestApp) {
+    app.create_asset("TL-5").await;
+    let created_at = match app.backend {
+        Backend::Postgres => "now()",
+        Backend::Sqlite => "'2026-11-29T12:00:00.000000Z'",
+    };
+    app.sql(&format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 600) \
+         INSERT INTO events (id, asset_id, sequence, type, data, created_at) \
+         SELECT 'evt_tl5_' || i, 'TL-5', i, \
+                CASE WHEN i % 2 = 1 THEN 'asset.withdrawn' ELSE 'asset.reinstated' END, \
+                '{{}}', {created_at} FROM n; \
+         UPDATE assets SET last_event_sequence = 600 WHERE id = 'TL-5';"
+    ))
+    .await;
+    let first = app.get_json("/v1/assets/TL-5/events").await;
+    let items = first["items"].as_array().unwrap();
+    assert_eq!(items.len(), 500);
+    assert_eq!(items[499]["sequence"], 500);
+    let cursor = first["next_cursor"].as_str().expect("a next page");
+    let rest = app
+        .get_json(&format!("/v1/assets/TL-5/events?cursor={cursor}"))
+        .await;
+    assert_eq!(rest["items"].as_array().unwrap().len(), 100);
+    assert_eq!(rest["items"][0]["sequence"], 501);
+    assert_eq!(rest["next_cursor"], Value::Null);
+}
+
 backend_tests!(
+    the_timeline_page_is_500_by_default,
     opening_times_stay_within_four_digit_years,
     the_timeline_pages_by_cursor,
     create_asset_answers_201_with_location,

@@ -110,6 +110,39 @@ async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) 
         .find(|c| c["name"] == "sold_has_one_commit")
         .unwrap();
     assert_eq!(sold["examples"][0], "AU-4");
+
+    // Money given two fates behind the database's back, in the open mode's
+    // scope (`-`): pay-1 bought AU-1 and is now also refunded through AU-2's
+    // reservation; pay-3, refunded through AU-2's, is refunded again
+    // through AU-3's.
+    for (id, reference, asset, like) in [
+        ("rf_01HZX4B2Q7C3M9D8E6F5G4H3K1", "pay-1", "AU-2", "pay-3"),
+        ("rf_01HZX4B2Q7C3M9D8E6F5G4H3K2", "pay-3", "AU-3", "pay-4"),
+    ] {
+        app.sql(&format!(
+            "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, \
+               status, created_at, payment_scope) \
+             SELECT '{id}', f.reservation_id, f.asset_id, '{reference}', f.reason, \
+               'REQUESTED', f.created_at, f.payment_scope \
+             FROM refunds f WHERE f.asset_id = '{asset}' AND f.payment_reference = '{like}'"
+        ))
+        .await;
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM refunds WHERE id LIKE 'rf_01HZX4B2Q7C3M9D8E6F5G4H3K%'")
+            .await,
+        2
+    );
+    let (ok, doc) = audit(&app);
+    assert!(!ok);
+    let fates = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "payment_has_one_fate")
+        .unwrap();
+    assert_eq!(fates["violations"], 2, "{doc:#}");
+    assert_eq!(fates["examples"], serde_json::json!(["- pay-1", "- pay-3"]));
 }
 
 backend_tests!(the_audit_passes_after_real_traffic_and_catches_breakage);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::helpers::{new_key, Backend, TestApp};
+use crate::helpers::{fault_library, new_key, unique, Backend, TestApp};
 use crate::proxy::{Mode, Proxy};
 
 async fn unavailable(response: reqwest::Response) -> Value {
@@ -25,7 +25,8 @@ async fn held(app: &TestApp, asset: &str) -> String {
         .to_owned()
 }
 
-/// PostgreSQL cut off: no connection, nothing written.
+/// PostgreSQL cut off or stalled: nothing written, and the retry with the
+/// same Idempotency-Key runs for the first time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_connection_is_not_applied() {
     let upstream = crate::helpers::postgres_address();
@@ -42,33 +43,41 @@ async fn no_connection_is_not_applied() {
     else {
         return;
     };
-    let id = held(&app, "WO-1").await;
-    for mode in [Mode::Cut, Mode::Stall] {
+    for (mode, asset) in [(Mode::Cut, "WO-1"), (Mode::Stall, "WO-2")] {
+        let id = held(&app, asset).await;
+        let payment = format!("pay-{asset}");
         proxy.set(mode);
         let key = new_key();
-        let body = unavailable(app.commit(&id, &key, "pay-cut").await).await;
+        let body = unavailable(app.commit(&id, &key, &payment).await).await;
         assert_eq!(body["write_outcome"], "NOT_APPLIED", "{mode:?}: {body}");
         assert!(body["message"]
             .as_str()
             .unwrap()
             .contains("nothing was changed"));
         proxy.set(Mode::Pass);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    // The hold is as it was: the retry sells it.
-    let mut sold = None;
-    for _ in 0..30 {
-        let response = app.commit(&id, &new_key(), "pay-cut").await;
-        if response.status() == 200 {
-            sold = Some(response.json::<Value>().await.unwrap());
-            break;
+        // The retry with the same key, once the database is back, tells the
+        // truth: nothing was stored, so it runs for the first time and sells.
+        let mut retried = None;
+        for _ in 0..30 {
+            let response = app.commit(&id, &key, &payment).await;
+            if response.status() != 503 {
+                retried = Some(response);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let retried = retried.expect("an answer once the database is back");
+        assert_eq!(retried.status(), 200, "{mode:?}");
+        assert!(
+            retried.headers().get("idempotent-replayed").is_none(),
+            "{mode:?}: nothing was stored by the first attempt"
+        );
+        let sold: Value = retried.json().await.unwrap();
+        assert_eq!(sold["status"], "COMMITTED", "{mode:?}");
+        // From now on the same key replays that sale.
+        let again = app.commit(&id, &key, &payment).await;
+        assert_eq!(again.headers()["idempotent-replayed"], "true", "{mode:?}");
     }
-    assert_eq!(
-        sold.expect("sold once the database is back")["status"],
-        "COMMITTED"
-    );
 }
 
 /// A statement stuck behind another transaction's lock is cancelled by the
@@ -115,6 +124,46 @@ async fn a_statement_stuck_behind_a_lock_is_not_applied_on_both_backends() {
     a_statement_stuck_behind_a_lock_is_not_applied(Backend::Sqlite).await;
 }
 
+/// Every transaction that inserts into `table` makes its COMMIT wait 1.5 s:
+/// a deferred trigger runs at COMMIT time, as a synchronous standby's wait
+/// does. Dropped with `DROP TRIGGER slow_commit ON table`.
+async fn slow_commits(app: &TestApp, table: &str) {
+    app.sql(&format!(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON {table} \
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();"
+    ))
+    .await;
+}
+
+/// A write that takes no Idempotency-Key (creating an asset) whose COMMIT
+/// may have happened: UNKNOWN, and the message says to read the resource
+/// back, not to retry with a key the operation does not take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unkeyed_write_that_may_have_committed_says_to_read_back() {
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
+        c.db_timeout_ms = 700;
+    })
+    .await
+    else {
+        return;
+    };
+    slow_commits(&app, "assets").await;
+    let created = app
+        .post("/v1/assets", None, &json!({"id": "WO-U1", "name": "u"}))
+        .await;
+    let body = unavailable(created).await;
+    assert_eq!(body["write_outcome"], "UNKNOWN", "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("Read the resource back"), "{body}");
+    assert!(!message.contains("Idempotency-Key"), "{body}");
+    app.sql("DROP TRIGGER slow_commit ON assets").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Reading back tells what happened: the asset was created.
+    assert_eq!(app.get_json("/v1/assets/WO-U1").await["id"], "WO-U1");
+}
+
 /// A COMMIT that waits past the request's time (as with a synchronous
 /// standby gone): the change may commit, so the answer says UNKNOWN; once it
 /// committed, the retry with the same key returns the stored answer.
@@ -128,15 +177,7 @@ async fn a_commit_that_waits_is_unknown_and_the_retry_answers_the_truth() {
         return;
     };
     let id = held(&app, "WO-C1").await;
-    // Every stored answer makes its COMMIT wait 1.5 s: a deferred trigger
-    // runs at COMMIT time, as a synchronous standby's wait does.
-    app.sql(
-        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
-           $$ BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$; \
-         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON idempotency_keys \
-           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
-    )
-    .await;
+    slow_commits(&app, "idempotency_keys").await;
     let key = new_key();
     let body = unavailable(app.commit(&id, &key, "pay-slow").await).await;
     assert_eq!(body["write_outcome"], "UNKNOWN", "{body}");
@@ -232,4 +273,45 @@ async fn sqlite_checks_the_deadline_before_committing() {
     );
     let retry = app.post(path, Some(&key), &hold).await;
     assert_eq!(retry.status(), 201, "runs for the first time");
+}
+
+/// SQLite's COMMIT is as slow as its disk: when the request's time runs out
+/// while the COMMIT (the log's write and sync) is under way, the change may
+/// still land, so the answer is UNKNOWN; once it landed, the retry with the
+/// same key replays the stored answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_commit_slower_than_the_deadline_is_unknown() {
+    let library = fault_library();
+    let slow_disk = std::env::temp_dir().join(unique("holdfast-slow-disk"));
+    let Some(app) = TestApp::try_spawn_process(Backend::Sqlite, |command, _| {
+        command
+            .env("LD_PRELOAD", &library)
+            .env("FAULT_SLOW_SYNC_FILE", &slow_disk)
+            .env("HOLDFAST_DB_TIMEOUT_MS", "700");
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("WO-D1").await;
+    let key = new_key();
+    let hold = json!({"buyer_id": "b"});
+    let path = "/v1/assets/WO-D1/reservations";
+    std::fs::write(&slow_disk, "").unwrap();
+    let body = unavailable(app.post(path, Some(&key), &hold).await).await;
+    std::fs::remove_file(&slow_disk).unwrap();
+    assert_eq!(body["write_outcome"], "UNKNOWN", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("same Idempotency-Key"),
+        "{body}"
+    );
+    // The COMMIT goes on on the writer's thread and lands.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let retry = app.post(path, Some(&key), &hold).await;
+    assert_eq!(retry.status(), 200);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
 }

@@ -423,6 +423,32 @@ fn announced_port(line: &str) -> Option<u16> {
     digits.parse().ok()
 }
 
+/// `tests/api/fault_library.c` built as a shared library, to preload into a
+/// [`TestApp::try_spawn_process`] app (`LD_PRELOAD`): a slow disk and a wall
+/// clock set wrong, on request (see the file). Built once per test process
+/// with the system's C compiler, which building SQLite needs anyway.
+pub fn fault_library() -> PathBuf {
+    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
+    LIBRARY
+        .get_or_init(|| {
+            let source =
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/api/fault_library.c");
+            let library = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("holdfast-faults-{}.so", std::process::id()));
+            let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_owned());
+            let status = std::process::Command::new(&compiler)
+                .args(["-shared", "-fPIC", "-O2", "-o"])
+                .arg(&library)
+                .arg(&source)
+                .arg("-ldl")
+                .status()
+                .unwrap_or_else(|e| panic!("{compiler} builds {}: {e}", source.display()));
+            assert!(status.success(), "{compiler} builds {}", source.display());
+            library
+        })
+        .clone()
+}
+
 pub fn new_key() -> String {
     ulid::Ulid::new().to_string()
 }

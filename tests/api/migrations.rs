@@ -63,8 +63,8 @@ async fn the_sqlite_file_is_created_and_migrated_once() {
 /// History written before each payment had one fate: a payment kept and
 /// refunded, another refunded twice. The migration keeps every refund,
 /// records each reference's earliest fate, and the audit lists the older
-/// conflicts as history without failing; the service starts and applies the
-/// rule from then on.
+/// conflicts as history without failing; the service starts on it, serves
+/// the old refunds and applies the rule from then on.
 const HISTORY: &str = "
 INSERT INTO assets (id, name, status, current_reservation_id, version, last_event_sequence, created_at, updated_at)
 VALUES ('H-A', 'a', 'SOLD', 'res_01HZX49R8T39QK6G7Y1W2V3N4A', 3, 0, '2026-11-01T10:00:00.000000Z', '2026-11-01T10:00:00.000000Z'),
@@ -123,14 +123,48 @@ async fn history_survives_the_one_fate_migration(url: String) {
         }
         conn.batch_execute(HISTORY).unwrap();
     }
-    let store = Config::with_database(url.clone())
-        .open_store()
+    // The service starts on it, migrating as it does in production, and serves.
+    let mut config = Config::with_database(url.clone());
+    config.bind = "127.0.0.1:0".parse().unwrap();
+    let app = holdfast::Application::build(config, true)
+        .await
+        .expect("the service starts on history");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let store = app.store().clone();
+    let server = tokio::spawn(app.run_until_stopped());
+    let payment: serde_json::Value = reqwest::get(format!("{address}/v1/payments/pay-twice"))
+        .await
+        .unwrap()
+        .json()
         .await
         .unwrap();
-    store
-        .migrate()
+    assert_eq!(
+        payment["refund"]["refund_id"], "rf_01HZX4B2Q7C3M9D8E6F5G4H3JC",
+        "{payment}"
+    );
+    // Every refund from before is still there: they are money records.
+    let refunds: serde_json::Value = reqwest::get(format!("{address}/v1/refunds?limit=500"))
         .await
-        .expect("the migration accepts history");
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = refunds["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["refund_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "rf_01HZX4B2Q7C3M9D8E6F5G4H3JB",
+            "rf_01HZX4B2Q7C3M9D8E6F5G4H3JC",
+            "rf_01HZX4B2Q7C3M9D8E6F5G4H3JD"
+        ],
+        "{refunds}"
+    );
+    server.abort();
     let findings = store.audit(chrono::DateTime::UNIX_EPOCH).await.unwrap();
     let finding = |name: &str| {
         findings

@@ -57,6 +57,23 @@ fn every_operation_is_named_verb_noun_and_tagged() {
     }
 }
 
+/// The guard refuses an HTML form's encodings on every change, whatever its
+/// body: every POST and PATCH documents that 415.
+#[test]
+fn every_change_documents_the_415_of_form_posts() {
+    let doc: serde_json::Value = serde_json::from_str(&committed()).unwrap();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in ["post", "patch"] {
+            if let Some(op) = item.get(method) {
+                assert!(
+                    op["responses"].get("415").is_some(),
+                    "{method} {path} lacks its 415"
+                );
+            }
+        }
+    }
+}
+
 async fn the_service_serves_the_committed_document(app: TestApp) {
     let served = app.get("/openapi.json").await.text().await.unwrap();
     assert_eq!(served.trim_end(), committed().trim_end());

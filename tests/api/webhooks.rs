@@ -9,7 +9,7 @@ use holdfast::outbox::{DispatchReport, Dispatcher, Settings};
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::{Backend, TestApp};
+use crate::helpers::{fault_library, Backend, TestApp};
 use crate::receiver::{Receiver, SECRET};
 
 fn dispatcher(app: &TestApp, url: &str, max_attempts: i32) -> Dispatcher {
@@ -466,6 +466,87 @@ async fn the_feed_never_skips_after_every_event_was_purged() {
         assert_eq!(types, ["FP-new"], "{backend:?}: {resumed:?}");
         assert_ne!(next, cursor);
     }
+}
+
+/// `holdfast serve` on the SQLite file at `url`, its wall clock shifted by
+/// `shift` seconds.
+async fn serve_sqlite(url: &str, shift: i64) -> TestApp {
+    let library = fault_library();
+    TestApp::try_spawn_process(Backend::Sqlite, |command, _| {
+        command
+            .env("HOLDFAST_DATABASE_URL", url)
+            .env("LD_PRELOAD", &library)
+            .env("FAULT_CLOCK_SHIFT_SECONDS", shift.to_string());
+    })
+    .await
+    .expect("SQLite needs nothing")
+}
+
+/// SQLite's feed positions do not rest on the clock. Events are written
+/// while the clock is a year ahead and every one is purged; the service
+/// restarts with the clock right again; then a backup from before those
+/// events is restored. Each time, a poller resuming from the cursor it
+/// holds sees the new events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_feed_positions_outgrow_purges_restarts_restores_and_the_clock() {
+    let dir = std::env::temp_dir().join(format!("holdfast-feed-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}", dir.join("holdfast.db").display());
+    let backup = dir.join("backup.db");
+    let holdfast = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+            .args(args)
+            .env("HOLDFAST_DATABASE_URL", &url)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "holdfast {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let year = 365 * 24 * 3600;
+
+    let ahead = serve_sqlite(&url, year).await;
+    ahead.create_asset("FC-1").await;
+    ahead.hold("FC-1", "b", 300).await;
+    holdfast(&["backup", &backup.display().to_string()]);
+    ahead.create_asset("FC-2").await;
+    ahead.hold("FC-2", "b", 300).await;
+    let (items, cursor) = follow_feed(&ahead, String::new(), 500, 2).await;
+    assert_eq!(items.len(), 2);
+    drop(ahead);
+    {
+        use diesel::connection::SimpleConnection;
+        use diesel::Connection;
+        let path = url.trim_start_matches("sqlite://");
+        let mut conn = diesel::SqliteConnection::establish(path).unwrap();
+        conn.batch_execute("DELETE FROM events").unwrap();
+    }
+
+    let right = serve_sqlite(&url, 0).await;
+    right.create_asset("FC-3").await;
+    right.hold("FC-3", "b", 300).await;
+    let (resumed, cursor) = follow_feed(&right, cursor, 500, 1).await;
+    let assets: Vec<&str> = resumed
+        .iter()
+        .map(|e| e["asset_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(assets, ["FC-3"], "after the purge and the restart");
+    drop(right);
+
+    holdfast(&["restore", &backup.display().to_string()]);
+    let restored = serve_sqlite(&url, 0).await;
+    restored.create_asset("FC-4").await;
+    restored.hold("FC-4", "b", 300).await;
+    let (resumed, _) = follow_feed(&restored, cursor, 500, 1).await;
+    let assets: Vec<&str> = resumed
+        .iter()
+        .map(|e| e["asset_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(assets, ["FC-4"], "after the restore");
+    drop(restored);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

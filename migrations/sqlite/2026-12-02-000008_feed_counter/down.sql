@@ -1,0 +1,2 @@
+DROP TRIGGER events_feed_position;
+DROP TABLE feed_position;
