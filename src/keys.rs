@@ -57,6 +57,15 @@ pub struct KeyRing {
     keys: Vec<ApiKey>,
 }
 
+/// Whether `name` may name a key (and so a caller's scope): letters, digits,
+/// '.', '_' and '-', at least one.
+pub fn is_key_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
 pub fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
@@ -88,11 +97,7 @@ impl KeyRing {
             else {
                 return Err("an entry is not name:role:sha256-hex".into());
             };
-            if name.is_empty()
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-            {
+            if !is_key_name(name) {
                 return Err(format!(
                     "key name {name:?} must be letters, digits, '.', '_' or '-'"
                 ));

@@ -10,7 +10,7 @@ use super::error::{respond, ApiError};
 use super::paths::PaymentPath;
 use super::AppState;
 use crate::domain::{FieldError, Payment};
-use crate::keys::Role;
+use crate::keys::{self, Role};
 use crate::reply::{self, Reply};
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -18,6 +18,7 @@ use crate::reply::{self, Reply};
 pub struct PaymentQuery {
     /// Admins: the payments client (API key name) whose reference this is;
     /// without it, every client's. Others always read their own.
+    #[param(pattern = "^[A-Za-z0-9._-]+$")]
     pub client: Option<String>,
 }
 
@@ -40,6 +41,13 @@ pub async fn get_payment(
     query: web::Query<PaymentQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let reference = payment.0;
+    if let Some(client) = query.client.as_deref().filter(|c| !keys::is_key_name(c)) {
+        return Err(reply::validation_failed(vec![FieldError::new(
+            "client",
+            format!("{client:?} is not an API key's name (letters, digits, '.', '_', '-')"),
+        )])
+        .into());
+    }
     let scope = match (caller.role, &query.client) {
         // Admins (and open mode) may name any client, or ask across all.
         (Some(Role::Admin) | None, client) => client.as_deref(),

@@ -209,7 +209,30 @@ async fn racing_commits_of_one_payment_give_it_one_fate(app: TestApp) {
     assert!(ok, "{doc:#}");
 }
 
+/// The `client` of a payment lookup is an API key's name: anything else (a
+/// NUL byte, a control character, a space) is 422 with the parameter named,
+/// never a statement the database refuses.
+async fn a_client_that_is_no_key_name_is_refused(app: TestApp) {
+    for client in ["x%00y", "x%C2%81", "a%20b", ""] {
+        let response = app
+            .get(&format!("/v1/payments/pay-1?client={client}"))
+            .await;
+        assert_eq!(response.status(), 422, "client={client}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error_code"], "VALIDATION_FAILED", "{body}");
+        assert_eq!(body["errors"][0]["field"], "client", "{body}");
+    }
+    // A key name (and open mode's shared one) is looked up: no fate yet.
+    for client in ["psp-1", "-"] {
+        let response = app
+            .get(&format!("/v1/payments/pay-1?client={client}"))
+            .await;
+        assert_eq!(response.status(), 404, "client={client}");
+    }
+}
+
 backend_tests!(
+    a_client_that_is_no_key_name_is_refused,
     a_kept_payment_is_not_refunded_elsewhere,
     a_payment_is_refunded_once_whichever_reservation,
     a_refunded_payment_does_not_buy_a_live_hold,
