@@ -15,8 +15,8 @@ use super::rows::{NewEvent, PaymentRow};
 use super::{
     CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, ExtendOutcome,
     ExtendRequest, HoldOutcome, HoldRequest, Idempotency, Keyed, ReinstateOutcome, ReleaseOutcome,
-    ReleaseRequest, StoreError, StoreResult, StoredAnswer, SweepReport, VoidOutcome, VoidRequest,
-    WithdrawOutcome,
+    ReleaseRequest, StoreError, StoreResult, StoreSettings, StoredAnswer, SweepReport, VoidOutcome,
+    VoidRequest, WithdrawOutcome,
 };
 use crate::domain::{
     commit_decision, extension_allowed, hold_decision, release_decision, withdraw_decision, Asset,
@@ -38,6 +38,18 @@ pub(crate) struct Snapshot<T> {
     pub stored: Option<StoredAnswer>,
     /// The fate of the payment a commit carries, when it has one.
     pub fate: Option<PaymentFate>,
+}
+
+impl<T> Snapshot<T> {
+    /// A read under no key: the row alone, at `now`.
+    pub(crate) fn unkeyed(now: Timestamp, row: Option<T>) -> Self {
+        Self {
+            now,
+            row,
+            stored: None,
+            fate: None,
+        }
+    }
 }
 
 /// A payment reference and its scope.
@@ -251,11 +263,31 @@ pub(crate) trait Backend {
     /// Expires up to `limit` lapsed holds in one transaction; how many.
     fn expire_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 
-    /// Deletes up to `limit` stored answers past retention; how many.
-    fn purge_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
+    /// Deletes up to `limit` rows of `what` older than `retention`; how many.
+    fn purge_batch(
+        &self,
+        what: Purge,
+        limit: i64,
+        retention: std::time::Duration,
+    ) -> impl Future<Output = StoreResult<u64>> + Send;
+}
 
-    /// Deletes up to `limit` delivered events past retention; how many.
-    fn purge_events_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
+/// What a janitor deletes once it is past its retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purge {
+    /// Stored answers of idempotency keys.
+    Keys,
+    /// Delivered events.
+    Events,
+}
+
+impl Purge {
+    pub(crate) fn context(self) -> &'static str {
+        match self {
+            Purge::Keys => "purge idempotency records",
+            Purge::Events => "purge delivered events",
+        }
+    }
 }
 
 fn replay_or_reused(stored: StoredAnswer, idempotency: &Idempotency) -> Result<Reply, ()> {
@@ -873,32 +905,42 @@ async fn reload<B: Backend>(
 }
 
 /// One janitor pass: lapsed holds batch by batch, then stored answers and
-/// delivered events past retention, each batch its own short transaction.
-pub(crate) async fn sweep<B: Backend>(backend: &B, batch: i64) -> StoreResult<SweepReport> {
-    let batch = batch.max(1);
-    let mut report = SweepReport::default();
-    loop {
-        let expired = backend.expire_batch(batch).await?;
-        report.expired += expired;
-        if expired < batch as u64 {
-            break;
-        }
-    }
-    loop {
-        let purged = backend.purge_batch(batch).await?;
-        report.purged_keys += purged;
-        if purged < batch as u64 {
-            break;
-        }
-    }
-    loop {
-        let purged = backend.purge_events_batch(batch).await?;
-        report.purged_events += purged;
-        if purged < batch as u64 {
-            break;
-        }
+/// delivered events past retention (events only when they have one), each
+/// batch its own short transaction.
+pub(crate) async fn sweep<B: Backend>(
+    backend: &B,
+    settings: &StoreSettings,
+) -> StoreResult<SweepReport> {
+    let batch = settings.sweep_batch.max(1);
+    let retention = settings.idempotency_retention;
+    let mut report = SweepReport {
+        expired: batches(batch, || backend.expire_batch(batch)).await?,
+        purged_keys: batches(batch, || backend.purge_batch(Purge::Keys, batch, retention)).await?,
+        purged_events: 0,
+    };
+    if let Some(retention) = settings.event_retention {
+        report.purged_events = batches(batch, || {
+            backend.purge_batch(Purge::Events, batch, retention)
+        })
+        .await?;
     }
     Ok(report)
+}
+
+/// Runs `one` batch after another until one comes back short; how many
+/// rows they took together.
+async fn batches<F: Future<Output = StoreResult<u64>>>(
+    batch: i64,
+    mut one: impl FnMut() -> F,
+) -> StoreResult<u64> {
+    let mut total = 0;
+    loop {
+        let done = one().await?;
+        total += done;
+        if done < batch as u64 {
+            return Ok(total);
+        }
+    }
 }
 
 /// The payment system reports a refund done: REQUESTED becomes COMPLETED once.

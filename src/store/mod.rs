@@ -659,7 +659,7 @@ impl Store {
 
     /// Expires lapsed holds and purges idempotency records past retention.
     pub async fn sweep(&self) -> StoreResult<SweepReport> {
-        dispatch!(self, s => flow::sweep(s, s.settings().sweep_batch).await)
+        dispatch!(self, s => flow::sweep(s, s.settings()).await)
     }
 
     /// Checks every invariant; events older than `events_since` may have been

@@ -29,11 +29,12 @@ use futures_util::FutureExt;
 use super::coalesce::Coalescer;
 use super::error::{Abort, Context};
 use super::flow::{
-    expired_event, Assemble, Backend, Change, Changed, Claim, HoldDraft, PaymentKey, Snapshot,
+    expired_event, Assemble, Backend, Change, Changed, Claim, HoldDraft, PaymentKey, Purge,
+    Snapshot,
 };
 use super::rows::{
-    Claimed, ClaimedRow, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow,
-    PaymentRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
+    asset_snapshot, Claimed, ClaimedRow, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
+    NowAssetRow, PaymentRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
 };
 use super::statements::pg as shared;
 use super::{
@@ -418,27 +419,19 @@ impl PgStore {
              ORDER BY txid, position LIMIT $3"
             )
         };
-        let rows = self
-            .db
+        let query = sql_query(sql)
+            .bind::<Text, _>(after.tx.to_string())
+            .bind::<BigInt, _>(after.position)
+            .bind::<BigInt, _>(limit);
+        self.db
             .run(async |c| {
-                sql_query(sql)
-                    .bind::<Text, _>(after.tx.to_string())
-                    .bind::<BigInt, _>(after.position)
-                    .bind::<BigInt, _>(limit)
+                let rows = query
                     .load::<FeedRow>(c)
                     .await
-                    .context("read the event feed")
+                    .context("read the event feed")?;
+                rows.into_iter().map(FeedRow::into_entry).collect()
             })
-            .await?;
-        rows.into_iter()
-            .map(|r| {
-                let cursor = FeedCursor {
-                    tx: r.tx,
-                    position: r.position,
-                };
-                r.event.into_event().map(|e| (cursor, e))
-            })
-            .collect()
+            .await
     }
 
     /// Claims due events with SKIP LOCKED and leases them, in one short
@@ -457,25 +450,18 @@ impl PgStore {
                           ORDER BY position LIMIT $1 FOR UPDATE SKIP LOCKED) \
              RETURNING {EVENT_COLUMNS}, attempts"
         );
-        let rows = self
-            .db
+        let query = sql_query(sql)
+            .bind::<BigInt, _>(limit)
+            .bind::<Double, _>(lease.as_secs_f64());
+        self.db
             .run(async |c| {
-                sql_query(sql)
-                    .bind::<BigInt, _>(limit)
-                    .bind::<Double, _>(lease.as_secs_f64())
+                let rows = query
                     .load::<ClaimedRow>(c)
                     .await
-                    .context("claim events to deliver")
+                    .context("claim events to deliver")?;
+                rows.into_iter().map(ClaimedRow::into_delivery).collect()
             })
-            .await?;
-        rows.into_iter()
-            .map(|r| {
-                r.event.into_event().map(|event| Delivery {
-                    event,
-                    attempt: r.attempts,
-                })
-            })
-            .collect()
+            .await
     }
 
     pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
@@ -517,22 +503,13 @@ impl Backend for PgStore {
     ) -> StoreResult<Snapshot<Refund>> {
         self.db
             .run(async |conn| {
-            let key = sql_query(
-                "SELECT now() AS now, i.fingerprint, i.status_code, i.body, i.location \
-                 FROM (SELECT 1) AS one LEFT JOIN idempotency_keys i ON i.scope = $1 AND i.key = $2",
-            )
-            .bind::<Text, _>(&idempotency.scope)
-            .bind::<Text, _>(idempotency.key.as_str())
-            .get_result::<KeySnapshotRow>(conn)
-            .await
-            .context("read the idempotency key")?;
-            let refund = shared::refund(conn, &id.to_string()).await?;
-            Ok(Snapshot {
-                now: key.now,
-                row: refund,
-                stored: key.stored.into_answer(),
-                fate: None,
-            })
+                let key = sql_query(KEY_SNAPSHOT_SQL)
+                    .bind::<Text, _>(&idempotency.scope)
+                    .bind::<Text, _>(idempotency.key.as_str())
+                    .get_result::<KeySnapshotRow>(conn)
+                    .await
+                    .context("read the idempotency key")?;
+                Ok(key.with_row(shared::refund(conn, &id.to_string()).await?))
             })
             .await
     }
@@ -550,34 +527,7 @@ impl Backend for PgStore {
                     Some(row) => row.now,
                     None => db_now(conn).await?,
                 };
-                Ok(Snapshot {
-                    now,
-                    row: row.map(|r| r.asset.into_stored_asset()).transpose()?,
-                    stored: None,
-                    fate: None,
-                })
-            })
-            .await
-    }
-
-    async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
-        let Some(retention) = self.settings.event_retention else {
-            return Ok(0);
-        };
-        self.db
-            .run(async |conn| {
-                let purged = sql_query(
-                    "DELETE FROM events WHERE id IN ( \
-                   SELECT id FROM events WHERE delivered_at IS NOT NULL \
-                     AND created_at < now() - make_interval(secs => $1) \
-                   ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                )
-                .bind::<Double, _>(retention.as_secs_f64())
-                .bind::<BigInt, _>(limit)
-                .execute(conn)
-                .await
-                .context("purge delivered events")?;
-                Ok(purged as u64)
+                asset_snapshot(now, row)
             })
             .await
     }
@@ -594,23 +544,21 @@ impl Backend for PgStore {
         Ok(expired as u64)
     }
 
-    async fn purge_batch(&self, limit: i64) -> StoreResult<u64> {
-        self.db
-            .run(async |conn| {
-                let purged = sql_query(
-                    "DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
-                   SELECT scope, key FROM idempotency_keys WHERE created_at < now() - \
-                       make_interval(secs => $1) \
-                   ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                )
-                .bind::<Double, _>(self.settings.idempotency_retention.as_secs_f64())
-                .bind::<BigInt, _>(limit)
-                .execute(conn)
-                .await
-                .context("purge idempotency records")?;
-                Ok(purged as u64)
-            })
-            .await
+    /// The purge statements take the rows older than the retention ($1,
+    /// seconds), `limit` ($2) at a time, with SKIP LOCKED.
+    async fn purge_batch(&self, what: Purge, limit: i64, retention: Duration) -> StoreResult<u64> {
+        let sql = match what {
+            Purge::Keys => PURGE_KEYS_SQL,
+            Purge::Events => PURGE_EVENTS_SQL,
+        };
+        let query = sql_query(sql)
+            .bind::<Double, _>(retention.as_secs_f64())
+            .bind::<BigInt, _>(limit);
+        let purged = self
+            .db
+            .run(async |c| query.execute(c).await.context(what.context()))
+            .await?;
+        Ok(purged as u64)
     }
 
     async fn hold_snapshot(
@@ -715,6 +663,23 @@ impl Backend for PgStore {
         Abort::settle(result.map(Some), None)
     }
 }
+
+/// The answer stored under a key ($1 scope, $2 key), at the database's clock.
+const KEY_SNAPSHOT_SQL: &str = "\
+SELECT now() AS now, i.fingerprint, i.status_code, i.body, i.location \
+FROM (SELECT 1) AS one LEFT JOIN idempotency_keys i ON i.scope = $1 AND i.key = $2";
+
+const PURGE_EVENTS_SQL: &str = "\
+DELETE FROM events WHERE id IN ( \
+SELECT id FROM events WHERE delivered_at IS NOT NULL \
+AND created_at < now() - make_interval(secs => $1) \
+ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+const PURGE_KEYS_SQL: &str = "\
+DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
+SELECT scope, key FROM idempotency_keys WHERE created_at < now() - \
+make_interval(secs => $1) \
+ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
 /// Makes a change: the sale or release of a live hold as one statement at
 /// the database's own `now()`; every other change by the shared statements,
@@ -1064,20 +1029,10 @@ pub(crate) async fn insert_event(
     conn: &mut AsyncPgConnection,
     event: &NewEvent,
 ) -> StoreResult<()> {
-    Prepared(
-        sql_query(INSERT_EVENT_SQL)
-            .bind::<Text, _>(&event.id)
-            .bind::<Text, _>(&event.asset_id)
-            .bind::<BigInt, _>(event.sequence)
-            .bind::<Text, _>(event.event_type.as_str())
-            .bind::<Text, _>(&event.data)
-            .bind::<Timestamptz, _>(event.created_at)
-            .bind::<Nullable<Text>, _>(event.reservation_id.as_deref())
-            .bind::<Nullable<Text>, _>(event.actor.as_deref()),
-    )
-    .execute(conn)
-    .await
-    .context("record an event")?;
+    Prepared(event.bound::<Pg>(INSERT_EVENT_SQL))
+        .execute(conn)
+        .await
+        .context("record an event")?;
     Ok(())
 }
 

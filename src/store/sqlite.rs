@@ -15,14 +15,16 @@ use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
 use diesel::sql_query;
 use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::sqlite::SqliteConnection;
+use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::error::{Abort, Context};
-use super::flow::{expired_event, Assemble, Backend, Claim, HoldDraft, PaymentKey, Snapshot};
+use super::flow::{
+    expired_event, Assemble, Backend, Claim, HoldDraft, PaymentKey, Purge, Snapshot,
+};
 use super::rows::{
-    ClaimedRow, Count, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, PaymentRow,
-    ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
+    asset_snapshot, ClaimedRow, Count, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
+    NowAssetRow, PaymentRow, ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
 };
 use super::schema::Instant;
 use super::statements::lite as shared;
@@ -340,15 +342,7 @@ impl SqliteStore {
                 .bind::<BigInt, _>(limit)
                 .load::<FeedRow>(c)
                 .context("read the event feed")?;
-            rows.into_iter()
-                .map(|r| {
-                    let cursor = FeedCursor {
-                        tx: r.tx,
-                        position: r.position,
-                    };
-                    r.event.into_event().map(|e| (cursor, e))
-                })
-                .collect()
+            rows.into_iter().map(FeedRow::into_entry).collect()
         })
         .await
     }
@@ -378,14 +372,7 @@ impl SqliteStore {
             })
             .await?
             .map_err(abort_to_error)?;
-        rows.into_iter()
-            .map(|r| {
-                r.event.into_event().map(|event| Delivery {
-                    event,
-                    attempt: r.attempts,
-                })
-            })
-            .collect()
+        rows.into_iter().map(ClaimedRow::into_delivery).collect()
     }
 
     pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
@@ -447,12 +434,7 @@ impl Backend for SqliteStore {
             .bind::<Text, _>(idempotency.key.into_inner())
             .get_result::<KeySnapshotRow>(c)
             .context("read the idempotency key")?;
-            Ok(Snapshot {
-                now: key.now,
-                row: shared::refund(c, &id)?,
-                stored: key.stored.into_answer(),
-                fate: None,
-            })
+            Ok(key.with_row(shared::refund(c, &id)?))
         })
         .await
     }
@@ -467,38 +449,9 @@ impl Backend for SqliteStore {
                 .get_result::<NowAssetRow>(c)
                 .optional()
                 .context("read an asset")?;
-            Ok(Snapshot {
-                now,
-                row: row.map(|r| r.asset.into_stored_asset()).transpose()?,
-                stored: None,
-                fate: None,
-            })
+            asset_snapshot(now, row)
         })
         .await
-    }
-
-    async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
-        let Some(retention) = self.settings.event_retention else {
-            return Ok(0);
-        };
-        let retention =
-            chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::days(36500));
-        let purged = self
-            .write("purge delivered events", move |c| {
-                Ok(sql_query(
-                    "DELETE FROM events WHERE position IN ( \
-                       SELECT position FROM events WHERE delivered_at IS NOT NULL AND created_at \
-                           < ? \
-                       ORDER BY position LIMIT ?)",
-                )
-                .bind::<Instant, _>(clock() - retention)
-                .bind::<BigInt, _>(limit)
-                .execute(c)
-                .context("purge delivered events")?)
-            })
-            .await?
-            .map_err(abort_to_error)?;
-        Ok(purged as u64)
     }
 
     async fn expire_batch(&self, limit: i64) -> StoreResult<u64> {
@@ -511,20 +464,25 @@ impl Backend for SqliteStore {
         Ok(expired as u64)
     }
 
-    async fn purge_batch(&self, limit: i64) -> StoreResult<u64> {
-        let retention = chrono::Duration::from_std(self.settings.idempotency_retention)
-            .unwrap_or(chrono::Duration::hours(24));
+    /// The purge statements take the rows created before the clock less the
+    /// retention (?1), `limit` (?2) at a time.
+    async fn purge_batch(&self, what: Purge, limit: i64, retention: Duration) -> StoreResult<u64> {
+        let sql = match what {
+            Purge::Keys => PURGE_KEYS_SQL,
+            Purge::Events => PURGE_EVENTS_SQL,
+        };
+        let age = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
         let purged = self
-            .write("purge idempotency records", move |c| {
-                Ok(sql_query(
-                    "DELETE FROM idempotency_keys WHERE rowid IN ( \
-                       SELECT rowid FROM idempotency_keys WHERE created_at < ? ORDER BY \
-                           created_at LIMIT ?)",
-                )
-                .bind::<Instant, _>(clock() - retention)
-                .bind::<BigInt, _>(limit)
-                .execute(c)
-                .context("purge idempotency records")?)
+            .write(what.context(), move |c| {
+                // A retention too long to count back from keeps every row.
+                let Some(before) = clock().checked_sub_signed(age) else {
+                    return Ok(0);
+                };
+                Ok(sql_query(sql)
+                    .bind::<Instant, _>(before)
+                    .bind::<BigInt, _>(limit)
+                    .execute(c)
+                    .context(what.context())?)
             })
             .await?
             .map_err(abort_to_error)?;
@@ -715,6 +673,15 @@ impl Backend for SqliteStore {
     }
 }
 
+const PURGE_EVENTS_SQL: &str = "\
+DELETE FROM events WHERE position IN ( \
+SELECT position FROM events WHERE delivered_at IS NOT NULL AND created_at < ? \
+ORDER BY position LIMIT ?)";
+
+const PURGE_KEYS_SQL: &str = "\
+DELETE FROM idempotency_keys WHERE rowid IN ( \
+SELECT rowid FROM idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?)";
+
 /// A reservation's first read: the clock, the reservation, the answer stored
 /// under the key, and the fate of the payment a commit carries (?5 scope, ?6
 /// reference; NULL for other requests). Sales recorded before scopes (scope
@@ -796,15 +763,8 @@ VALUES (max(coalesce((SELECT max(position) FROM events), 0) + 1, ?9),
         ?1, ?2, ?3, ?4, ?5, ?6, (SELECT owner FROM reservations WHERE id = ?7), ?8)";
 
 pub(crate) fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()> {
-    sql_query(INSERT_EVENT_SQL)
-        .bind::<Text, _>(&event.id)
-        .bind::<Text, _>(&event.asset_id)
-        .bind::<BigInt, _>(event.sequence)
-        .bind::<Text, _>(event.event_type.as_str())
-        .bind::<Text, _>(&event.data)
-        .bind::<Instant, _>(event.created_at)
-        .bind::<Nullable<Text>, _>(event.reservation_id.as_deref())
-        .bind::<Nullable<Text>, _>(event.actor.as_deref())
+    event
+        .bound::<Sqlite>(INSERT_EVENT_SQL)
         .bind::<BigInt, _>(clock().timestamp_micros())
         .execute(conn)
         .context("record an event")?;
