@@ -290,8 +290,13 @@ impl Purge {
     }
 }
 
-fn replay_or_reused(stored: StoredAnswer, idempotency: &Idempotency) -> Result<Reply, ()> {
-    stored.replay_for(&idempotency.fingerprint).ok_or(())
+/// What a request gets when its key already has an answer: that answer
+/// again, or KEY_REUSED when the key was used for another request.
+fn answered<T>(stored: StoredAnswer, idempotency: &Idempotency) -> Keyed<T> {
+    match stored.replay_for(&idempotency.fingerprint) {
+        Some(reply) => Keyed::Replayed(reply),
+        None => Keyed::KeyReused,
+    }
 }
 
 /// What a conditional write found: its answer, `None` when the state moved
@@ -302,6 +307,22 @@ fn moved_on_conflict<T>(written: StoreResult<Option<T>>) -> StoreResult<Option<T
         Err(e) if is_unique_violation(&e) => Ok(None),
         other => other,
     }
+}
+
+/// Makes `change` and writes what goes with it under the request's key:
+/// its answer, or `None` when it found the state moved (see
+/// [`moved_on_conflict`]).
+async fn keyed_write<B: Backend, T: Send + 'static>(
+    backend: &B,
+    change: Change,
+    idempotency: &Idempotency,
+    assemble: Assemble<T>,
+) -> StoreResult<Option<T>> {
+    moved_on_conflict(
+        backend
+            .transition(change, Some(idempotency), assemble)
+            .await,
+    )
 }
 
 /// An event about `reservation`, with data as the API shows it.
@@ -338,50 +359,64 @@ fn answered_with(event_type: EventType) -> Assemble<Reply> {
     })
 }
 
-/// A reservation's snapshot before any decision.
-enum Found {
-    /// The key already has an answer: its replay, or `Err` when the key
-    /// was used for another request.
-    Answered(Result<Reply, ()>),
-    /// No such reservation, or not one the caller may see.
-    Missing,
-    /// The reservation by its effective status, and the database clock.
-    Reservation(Reservation, Timestamp),
+/// The reservation a keyed request is about, and what its first read
+/// takes along.
+#[derive(Debug, Clone, Copy)]
+struct Target<'a> {
+    id: &'a ReservationId,
+    idempotency: &'a Idempotency,
+    /// Only reservations of this owner exist for the caller; `None` sees all.
+    visible_to: Option<&'a String>,
+    /// The payment a commit carries, whose fate is read with it.
+    payment: Option<PaymentKey<'a>>,
 }
 
-async fn find_reservation<B: Backend>(
-    backend: &B,
-    id: &ReservationId,
-    idempotency: &Idempotency,
-    visible_to: Option<&String>,
-    payment: Option<PaymentKey<'_>>,
-) -> StoreResult<(Found, Option<PaymentFate>)> {
-    let snap = backend
-        .reservation_snapshot(id, idempotency, payment)
-        .await?;
-    if let Some(stored) = snap.stored {
-        return Ok((Found::Answered(replay_or_reused(stored, idempotency)), None));
-    }
-    let found = match snap
-        .row
-        .filter(|r| visible_to.is_none_or(|o| &r.owner == o))
-    {
-        Some(row) => Found::Reservation(row.effective(snap.now), snap.now),
-        None => Found::Missing,
-    };
-    Ok((found, snap.fate))
-}
-
-/// The outcome of a keyed request that found its answer or nothing.
-macro_rules! found_or_return {
-    ($found:expr) => {
-        match $found {
-            Found::Answered(Ok(reply)) => return Ok(Keyed::Replayed(reply)),
-            Found::Answered(Err(())) => return Ok(Keyed::KeyReused),
-            Found::Missing => return Ok(Keyed::NotFound),
-            Found::Reservation(reservation, now) => (reservation, now),
+impl<'a> Target<'a> {
+    fn new(
+        id: &'a ReservationId,
+        idempotency: &'a Idempotency,
+        visible_to: Option<&'a String>,
+    ) -> Self {
+        Self {
+            id,
+            idempotency,
+            visible_to,
+            payment: None,
         }
-    };
+    }
+
+    /// Runs the keyed request. Its snapshot answers a stored answer's
+    /// replay, a reused key, or a reservation the caller cannot see at once;
+    /// else `act` decides on the reservation (by its effective status at the
+    /// snapshot's clock, with the fate of the target's payment). While `act`
+    /// answers `None` (its write found the state moved), the reservation is
+    /// read again and decided again.
+    async fn act<B: Backend, T>(
+        self,
+        backend: &B,
+        context: &'static str,
+        mut act: impl AsyncFnMut(Reservation, Timestamp, Option<PaymentFate>) -> StoreResult<Option<T>>,
+    ) -> StoreResult<Keyed<T>> {
+        for _ in 0..MAX_ATTEMPTS {
+            let snap = backend
+                .reservation_snapshot(self.id, self.idempotency, self.payment)
+                .await?;
+            if let Some(stored) = snap.stored {
+                return Ok(answered(stored, self.idempotency));
+            }
+            let visible = snap
+                .row
+                .filter(|r| self.visible_to.is_none_or(|o| &r.owner == o));
+            let Some(reservation) = visible else {
+                return Ok(Keyed::NotFound);
+            };
+            let reservation = reservation.effective(snap.now);
+            if let Some(outcome) = act(reservation, snap.now, snap.fate).await? {
+                return Ok(Keyed::Done(outcome));
+            }
+        }
+        Err(contention(context))
+    }
 }
 
 fn contention(context: &'static str) -> StoreError {
@@ -397,10 +432,7 @@ pub(crate) async fn hold<B: Backend>(
             .hold_snapshot(&req.asset_id, &req.idempotency)
             .await?;
         if let Some(stored) = snap.stored {
-            return Ok(match replay_or_reused(stored, &req.idempotency) {
-                Ok(reply) => Keyed::Replayed(reply),
-                Err(()) => Keyed::KeyReused,
-            });
+            return Ok(answered(stored, &req.idempotency));
         }
         let reclaim = match hold_decision(snap.row, snap.now) {
             HoldDecision::NotFound => return Ok(Keyed::NotFound),
@@ -457,131 +489,135 @@ pub(crate) async fn commit<B: Backend>(
         scope: &req.payment_scope,
         reference: req.payment_reference.as_str(),
     };
+    let target = Target {
+        payment: Some(payment),
+        ..Target::new(&req.reservation_id, &req.idempotency, None)
+    };
     let mut late_refused = !req.accept_late;
-    for _ in 0..MAX_ATTEMPTS {
-        let (found, fate) = find_reservation(
+    target
+        .act(
             backend,
-            &req.reservation_id,
-            &req.idempotency,
-            None,
-            Some(payment),
-        )
-        .await?;
-        let (reservation, now) = found_or_return!(found);
-        let id = reservation.reservation_id.clone();
-        // Every write below either lands, or finds the state moved (a lost
-        // race, a key or a payment taken by a concurrent request) and reads
-        // again: the payments table's key decides, not this read.
-        let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
-        let written = match commit_decision(&id, reservation.status, fate.as_ref()) {
-            CommitDecision::Commit => backend
-                .transition(
-                    Change::Commit {
-                        reservation,
-                        scope,
-                        reference,
-                    },
-                    Some(&req.idempotency),
-                    answered_with(EventType::ReservationCommitted),
-                )
-                .await
-                .map(|reply| reply.map(CommitOutcome::Committed)),
-            CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
-                let written = backend
-                    .transition(
-                        Change::CommitLate {
-                            reservation,
-                            scope,
-                            reference,
-                        },
-                        Some(&req.idempotency),
-                        answered_with(EventType::ReservationCommitted),
-                    )
-                    .await;
-                if let Ok(None) = written {
-                    // Taken meanwhile: the payment is refunded instead.
-                    late_refused = true;
-                }
-                written.map(|reply| reply.map(CommitOutcome::CommittedLate))
-            }
-            CommitDecision::Refuse(reason) => {
-                let refund = Refund::requested(&reservation, &scope, &reference, reason, now);
-                backend
-                    .transition(
-                        Change::Refund {
-                            reservation,
-                            refund,
-                        },
-                        Some(&req.idempotency),
-                        Box::new(move |changed: &Changed| {
-                            let current = changed.reservation()?;
-                            let refund = changed.refund.as_ref().ok_or_else(|| {
-                                StoreError::Corrupt("a refund went missing".into())
-                            })?;
-                            let reply = reply::commit_refused(reason, current, refund).into_reply();
-                            let data = serde_json::to_string(refund).unwrap_or_default();
-                            Ok(Written {
-                                events: vec![about(
-                                    current,
-                                    EventType::RefundRequested,
-                                    data,
-                                    changed.at()?,
-                                )],
-                                answer: Some((reply.clone(), current.reservation_id.clone())),
-                                value: reply,
+            "commit the reservation",
+            async |reservation, now, fate| {
+                let id = reservation.reservation_id.clone();
+                // Every write below either lands, or finds the state moved (a lost
+                // race, a key or a payment taken by a concurrent request) and reads
+                // again: the payments table's key decides, not this read.
+                let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
+                let written = match commit_decision(&id, reservation.status, fate.as_ref()) {
+                    CommitDecision::Commit => backend
+                        .transition(
+                            Change::Commit {
+                                reservation,
+                                scope,
+                                reference,
+                            },
+                            Some(&req.idempotency),
+                            answered_with(EventType::ReservationCommitted),
+                        )
+                        .await
+                        .map(|reply| reply.map(CommitOutcome::Committed)),
+                    CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
+                        let written = backend
+                            .transition(
+                                Change::CommitLate {
+                                    reservation,
+                                    scope,
+                                    reference,
+                                },
+                                Some(&req.idempotency),
+                                answered_with(EventType::ReservationCommitted),
+                            )
+                            .await;
+                        if let Ok(None) = written {
+                            // Taken meanwhile: the payment is refunded instead.
+                            late_refused = true;
+                        }
+                        written.map(|reply| reply.map(CommitOutcome::CommittedLate))
+                    }
+                    CommitDecision::Refuse(reason) => {
+                        let refund =
+                            Refund::requested(&reservation, &scope, &reference, reason, now);
+                        backend
+                            .transition(
+                                Change::Refund {
+                                    reservation,
+                                    refund,
+                                },
+                                Some(&req.idempotency),
+                                Box::new(move |changed: &Changed| {
+                                    let current = changed.reservation()?;
+                                    let refund = changed.refund.as_ref().ok_or_else(|| {
+                                        StoreError::Corrupt("a refund went missing".into())
+                                    })?;
+                                    let reply =
+                                        reply::commit_refused(reason, current, refund).into_reply();
+                                    let data = serde_json::to_string(refund).unwrap_or_default();
+                                    Ok(Written {
+                                        events: vec![about(
+                                            current,
+                                            EventType::RefundRequested,
+                                            data,
+                                            changed.at()?,
+                                        )],
+                                        answer: Some((
+                                            reply.clone(),
+                                            current.reservation_id.clone(),
+                                        )),
+                                        value: reply,
+                                    })
+                                }),
+                            )
+                            .await
+                            .map(|reply| {
+                                reply.map(|reply| CommitOutcome::Refunded { reply, reason })
                             })
-                        }),
-                    )
-                    .await
-                    .map(|reply| reply.map(|reply| CommitOutcome::Refunded { reply, reason }))
-            }
-            CommitDecision::AlreadyCommittedWithThisPayment => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(Keyed::Done(CommitOutcome::AlreadyCommitted(current)));
-            }
-            CommitDecision::RefundedBefore => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                let refund_id = fate.and_then(|f| f.refund_id);
-                let refund = current
-                    .refunds
-                    .iter()
-                    .find(|r| Some(&r.refund_id) == refund_id.as_ref())
-                    .cloned()
-                    .ok_or_else(|| {
-                        StoreError::Corrupt(format!(
-                            "the refund of reservation {id} for this payment vanished"
-                        ))
-                    })?;
-                let reason = refund.reason;
-                let reply = reply::commit_refused(reason, &current, &refund).into_reply();
-                return Ok(Keyed::Done(CommitOutcome::Refused { reply, reason }));
-            }
-            CommitDecision::SaleVoided => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                let refund = own_refund(&current, payment);
-                let reply = reply::sale_voided(&current, refund).into_reply();
-                return Ok(Keyed::Done(CommitOutcome::SaleVoided(reply)));
-            }
-            CommitDecision::UsedElsewhere => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                let mut fates =
-                    payments(backend, Some(payment.scope), &req.payment_reference).await?;
-                let Some((_, payment)) = fates.pop() else {
-                    // Its fate went away between two reads: impossible
-                    // unless rows were deleted by hand; read again.
-                    continue;
+                    }
+                    CommitDecision::AlreadyCommittedWithThisPayment => {
+                        let current = reload(backend, &req.reservation_id, now).await?;
+                        return Ok(Some(CommitOutcome::AlreadyCommitted(current)));
+                    }
+                    CommitDecision::RefundedBefore => {
+                        let current = reload(backend, &req.reservation_id, now).await?;
+                        let refund_id = fate.and_then(|f| f.refund_id);
+                        let refund = current
+                            .refunds
+                            .iter()
+                            .find(|r| Some(&r.refund_id) == refund_id.as_ref())
+                            .cloned()
+                            .ok_or_else(|| {
+                                StoreError::Corrupt(format!(
+                                    "the refund of reservation {id} for this payment vanished"
+                                ))
+                            })?;
+                        let reason = refund.reason;
+                        let reply = reply::commit_refused(reason, &current, &refund).into_reply();
+                        return Ok(Some(CommitOutcome::Refused { reply, reason }));
+                    }
+                    CommitDecision::SaleVoided => {
+                        let current = reload(backend, &req.reservation_id, now).await?;
+                        let refund = own_refund(&current, payment);
+                        let reply = reply::sale_voided(&current, refund).into_reply();
+                        return Ok(Some(CommitOutcome::SaleVoided(reply)));
+                    }
+                    CommitDecision::UsedElsewhere => {
+                        let current = reload(backend, &req.reservation_id, now).await?;
+                        let mut fates =
+                            payments(backend, Some(payment.scope), &req.payment_reference).await?;
+                        // Its fate went away between two reads: impossible unless
+                        // rows were deleted by hand; read again.
+                        return Ok(fates.pop().map(|(_, payment)| {
+                            CommitOutcome::PaymentReferenceUsed {
+                                reservation: Box::new(current),
+                                payment: Box::new(payment),
+                            }
+                        }));
+                    }
                 };
-                return Ok(Keyed::Done(CommitOutcome::PaymentReferenceUsed {
-                    reservation: Box::new(current),
-                    payment: Box::new(payment),
-                }));
-            }
-        };
-        if let Some(outcome) = moved_on_conflict(written)? {
-            return Ok(Keyed::Done(outcome));
-        }
-    }
-    Err(contention("commit the reservation"))
+                moved_on_conflict(written)
+            },
+        )
+        .await
 }
 
 /// The refund of a sale's own payment, when its void gave it back.
@@ -636,157 +672,130 @@ pub(crate) async fn release<B: Backend>(
     backend: &B,
     req: &ReleaseRequest,
 ) -> StoreResult<Keyed<ReleaseOutcome>> {
-    for _ in 0..MAX_ATTEMPTS {
-        let (found, _) = find_reservation(
-            backend,
-            &req.reservation_id,
-            &req.idempotency,
-            req.visible_to.as_ref(),
-            None,
-        )
-        .await?;
-        let (reservation, now) = found_or_return!(found);
-        match release_decision(reservation.status) {
-            ReleaseDecision::Release => {
-                let written = backend
-                    .transition(
-                        Change::Release { reservation },
-                        Some(&req.idempotency),
-                        answered_with(EventType::ReservationReleased),
-                    )
-                    .await;
-                if let Some(reply) = moved_on_conflict(written)? {
-                    return Ok(Keyed::Done(ReleaseOutcome::Released(reply)));
+    Target::new(
+        &req.reservation_id,
+        &req.idempotency,
+        req.visible_to.as_ref(),
+    )
+    .act(
+        backend,
+        "release the reservation",
+        async |reservation, now, _| {
+            let unchanged = match release_decision(reservation.status) {
+                ReleaseDecision::Release => {
+                    let change = Change::Release { reservation };
+                    let assemble = answered_with(EventType::ReservationReleased);
+                    let written = keyed_write(backend, change, &req.idempotency, assemble).await?;
+                    return Ok(written.map(ReleaseOutcome::Released));
                 }
-            }
-            ReleaseDecision::AlreadyReleased => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(Keyed::Done(ReleaseOutcome::AlreadyReleased(current)));
-            }
-            ReleaseDecision::NotActive => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(Keyed::Done(ReleaseOutcome::NotActive(current)));
-            }
-        }
-    }
-    Err(contention("release the reservation"))
+                ReleaseDecision::AlreadyReleased => ReleaseOutcome::AlreadyReleased,
+                ReleaseDecision::NotActive => ReleaseOutcome::NotActive,
+            };
+            Ok(Some(unchanged(
+                reload(backend, &req.reservation_id, now).await?,
+            )))
+        },
+    )
+    .await
 }
 
 pub(crate) async fn extend<B: Backend>(
     backend: &B,
     req: &ExtendRequest,
 ) -> StoreResult<Keyed<ExtendOutcome>> {
-    for _ in 0..MAX_ATTEMPTS {
-        let (found, _) = find_reservation(
-            backend,
-            &req.reservation_id,
-            &req.idempotency,
-            req.visible_to.as_ref(),
-            None,
-        )
-        .await?;
-        let (reservation, now) = found_or_return!(found);
-        if reservation.status != ReservationStatus::Held {
-            let current = reload(backend, &req.reservation_id, now).await?;
-            return Ok(Keyed::Done(ExtendOutcome::NotActive(current)));
-        }
+    Target::new(
+        &req.reservation_id,
+        &req.idempotency,
+        req.visible_to.as_ref(),
+    )
+    .act(backend, "extend the hold", async |reservation, now, _| {
         let until = now + Duration::seconds(req.hold_seconds);
-        if !extension_allowed(reservation.created_at, until, req.max_total_seconds) {
-            let current = reload(backend, &req.reservation_id, now).await?;
-            return Ok(Keyed::Done(ExtendOutcome::LimitReached(current)));
-        }
-        let change = Change::Extend {
-            reservation,
-            hold_seconds: req.hold_seconds,
-            max_total_seconds: req.max_total_seconds,
+        let refused = if reservation.status != ReservationStatus::Held {
+            ExtendOutcome::NotActive
+        } else if !extension_allowed(reservation.created_at, until, req.max_total_seconds) {
+            ExtendOutcome::LimitReached
+        } else {
+            let change = Change::Extend {
+                reservation,
+                hold_seconds: req.hold_seconds,
+                max_total_seconds: req.max_total_seconds,
+            };
+            let assemble = answered_with(EventType::ReservationExtended);
+            let written = keyed_write(backend, change, &req.idempotency, assemble).await?;
+            return Ok(written.map(ExtendOutcome::Extended));
         };
-        let written = backend
-            .transition(
-                change,
-                Some(&req.idempotency),
-                answered_with(EventType::ReservationExtended),
-            )
-            .await;
-        if let Some(reply) = moved_on_conflict(written)? {
-            return Ok(Keyed::Done(ExtendOutcome::Extended(reply)));
-        }
-    }
-    Err(contention("extend the hold"))
+        Ok(Some(refused(
+            reload(backend, &req.reservation_id, now).await?,
+        )))
+    })
+    .await
 }
 
 pub(crate) async fn void<B: Backend>(
     backend: &B,
     req: &VoidRequest,
 ) -> StoreResult<Keyed<VoidOutcome>> {
-    for _ in 0..MAX_ATTEMPTS {
-        let (found, _) =
-            find_reservation(backend, &req.reservation_id, &req.idempotency, None, None).await?;
-        let (reservation, now) = found_or_return!(found);
-        match reservation.status {
-            ReservationStatus::Committed => {
-                // Part of the payment's one fate: it bought this sale.
-                let refund = match (
-                    req.refund,
-                    &reservation.payment_scope,
-                    &reservation.payment_reference,
-                ) {
-                    (true, Some(scope), Some(payment)) => Some(Refund::requested(
-                        &reservation,
-                        scope,
-                        payment,
-                        RefundReason::SaleVoided,
-                        now,
-                    )),
-                    _ => None,
-                };
-                let actor = req.actor.clone();
-                let written = backend
-                    .transition(
-                        Change::Void {
-                            reservation,
-                            refund,
-                        },
-                        Some(&req.idempotency),
-                        Box::new(move |changed: &Changed| {
-                            let current = changed.reservation()?;
-                            let at = changed.at()?;
-                            let reply = reply::reservation_ok(current);
-                            let mut events = vec![about(
-                                current,
-                                EventType::ReservationVoided,
-                                reply.body.clone(),
-                                at,
-                            )
-                            .by(&actor)];
-                            if let Some(refund) = &changed.refund {
-                                let data = serde_json::to_string(refund).unwrap_or_default();
-                                events.push(
-                                    about(current, EventType::RefundRequested, data, at).by(&actor),
-                                );
-                            }
-                            Ok(Written {
-                                events,
-                                answer: Some((reply.clone(), current.reservation_id.clone())),
-                                value: reply,
-                            })
-                        }),
-                    )
-                    .await;
-                if let Some(reply) = moved_on_conflict(written)? {
-                    return Ok(Keyed::Done(VoidOutcome::Voided(reply)));
+    Target::new(&req.reservation_id, &req.idempotency, None)
+        .act(backend, "void the sale", async |reservation, now, _| {
+            let unchanged = match reservation.status {
+                ReservationStatus::Committed => {
+                    // Part of the payment's one fate: it bought this sale.
+                    let refund = match (
+                        req.refund,
+                        &reservation.payment_scope,
+                        &reservation.payment_reference,
+                    ) {
+                        (true, Some(scope), Some(payment)) => Some(Refund::requested(
+                            &reservation,
+                            scope,
+                            payment,
+                            RefundReason::SaleVoided,
+                            now,
+                        )),
+                        _ => None,
+                    };
+                    let change = Change::Void {
+                        reservation,
+                        refund,
+                    };
+                    let assemble = voided_by(req.actor.clone());
+                    let written = keyed_write(backend, change, &req.idempotency, assemble).await?;
+                    return Ok(written.map(VoidOutcome::Voided));
                 }
-            }
-            ReservationStatus::Voided => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(Keyed::Done(VoidOutcome::AlreadyVoided(current)));
-            }
-            _ => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(Keyed::Done(VoidOutcome::NotActive(current)));
-            }
+                ReservationStatus::Voided => VoidOutcome::AlreadyVoided,
+                _ => VoidOutcome::NotActive,
+            };
+            Ok(Some(unchanged(
+                reload(backend, &req.reservation_id, now).await?,
+            )))
+        })
+        .await
+}
+
+/// A void answered with the reservation as voided, its event and the
+/// refund's (both naming `actor`), and the answer stored.
+fn voided_by(actor: String) -> Assemble<Reply> {
+    Box::new(move |changed: &Changed| {
+        let current = changed.reservation()?;
+        let at = changed.at()?;
+        let reply = reply::reservation_ok(current);
+        let mut events = vec![about(
+            current,
+            EventType::ReservationVoided,
+            reply.body.clone(),
+            at,
+        )
+        .by(&actor)];
+        if let Some(refund) = &changed.refund {
+            let data = serde_json::to_string(refund).unwrap_or_default();
+            events.push(about(current, EventType::RefundRequested, data, at).by(&actor));
         }
-    }
-    Err(contention("void the sale"))
+        Ok(Written {
+            events,
+            answer: Some((reply.clone(), current.reservation_id.clone())),
+            value: reply,
+        })
+    })
 }
 
 /// Takes an asset off sale; with `force`, a live hold is released first.
@@ -953,10 +962,7 @@ pub(crate) async fn complete_refund<B: Backend>(
             .refund_snapshot(&req.refund_id, &req.idempotency)
             .await?;
         if let Some(stored) = snap.stored {
-            return Ok(match replay_or_reused(stored, &req.idempotency) {
-                Ok(reply) => Keyed::Replayed(reply),
-                Err(()) => Keyed::KeyReused,
-            });
+            return Ok(answered(stored, &req.idempotency));
         }
         let Some(refund) = snap.row else {
             return Ok(Keyed::NotFound);
