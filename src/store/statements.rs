@@ -53,7 +53,7 @@ macro_rules! both {
 }
 
 use diesel::{
-    BoolExpressionMethods, ExpressionMethods, JoinOnDsl, NullableExpressionMethods,
+    dsl, BoolExpressionMethods, ExpressionMethods, JoinOnDsl, NullableExpressionMethods,
     OptionalExtension, QueryDsl, SelectableHelper,
 };
 
@@ -72,6 +72,60 @@ use crate::domain::{
     Timestamp,
 };
 use crate::reply::Reply;
+
+/// What a change of an asset that takes an event number sets besides its
+/// own columns: its version and its last event number one up, and when.
+fn next_event(now: Timestamp) -> NextEvent {
+    (
+        assets::version.eq(assets::version + 1),
+        assets::last_event_sequence.eq(assets::last_event_sequence + 1),
+        assets::updated_at.eq(At(now)),
+    )
+}
+
+type NextEvent = (
+    dsl::Eq<assets::version, dsl::Add<assets::version, i64>>,
+    dsl::Eq<assets::last_event_sequence, dsl::Add<assets::last_event_sequence, i64>>,
+    dsl::Eq<assets::updated_at, At>,
+);
+
+/// What a change of an asset that takes no event number sets besides: its
+/// version one up, and when.
+fn next_version(now: Timestamp) -> NextVersion {
+    (
+        assets::version.eq(assets::version + 1),
+        assets::updated_at.eq(At(now)),
+    )
+}
+
+type NextVersion = (
+    dsl::Eq<assets::version, dsl::Add<assets::version, i64>>,
+    dsl::Eq<assets::updated_at, At>,
+);
+
+/// What a change of a reservation wrote: the reservation as it became (by
+/// its effective status at `now`), and the event number its asset took.
+fn reservation_changed(
+    row: ReservationRow,
+    sequence: i64,
+    now: Timestamp,
+) -> StoreResult<Option<Changed>> {
+    Ok(Some(Changed {
+        now: Some(now),
+        reservation: Some(row.into_reservation()?.effective(now)),
+        sequence: Some(sequence),
+        ..Changed::default()
+    }))
+}
+
+/// What a change of an asset alone wrote: the asset as it became, at `now`.
+fn asset_changed(row: AssetRow, now: Timestamp) -> StoreResult<Changed> {
+    Ok(Changed {
+        now: Some(now),
+        asset: Some(row.into_asset(now)?),
+        ..Changed::default()
+    })
+}
 
 both! {
     /// The reservation with its refunds, by effective status at `now`; with
@@ -483,8 +537,7 @@ both! {
         exec!(diesel::update(assets::table.find(id.as_str()))
             .set((
                 assets::available_from.eq(available_from.map(At)),
-                assets::version.eq(assets::version + 1),
-                assets::updated_at.eq(At(now)),
+                next_version(now),
             ))
             .returning(AssetRow::as_returning())
             .get_result::<AssetRow>(conn))
@@ -516,9 +569,7 @@ both! {
                 assets::status.eq(status),
                 assets::hold_expires_at.eq(None::<At>),
                 assets::current_reservation_id.eq(current),
-                assets::version.eq(assets::version + 1),
-                assets::last_event_sequence.eq(assets::last_event_sequence + 1),
-                assets::updated_at.eq(At(now)),
+                next_event(now),
             ))
             .returning(assets::last_event_sequence)
             .get_result::<i64>(conn))
@@ -555,12 +606,7 @@ both! {
         if let Some(payment) = payment {
             exec!(record_fate(conn, payment, &reservation.reservation_id, None, now))?;
         }
-        Ok(Some(Changed {
-            now: Some(now),
-            reservation: Some(row.into_reservation()?.effective(now)),
-            sequence: Some(sequence),
-            ..Changed::default()
-        }))
+        reservation_changed(row, sequence, now)
     }
 
     /// Moves a live hold's expiry to `hold_seconds` from `now`, within
@@ -585,9 +631,7 @@ both! {
         )
         .set((
             assets::hold_expires_at.eq(Some(At(until))),
-            assets::version.eq(assets::version + 1),
-            assets::last_event_sequence.eq(assets::last_event_sequence + 1),
-            assets::updated_at.eq(At(now)),
+            next_event(now),
         ))
         .returning(assets::last_event_sequence)
         .get_result::<i64>(conn))
@@ -605,12 +649,7 @@ both! {
         .returning(ReservationRow::as_returning())
         .get_result::<ReservationRow>(conn))
         .context("extend the reservation")?;
-        Ok(Some(Changed {
-            now: Some(now),
-            reservation: Some(row.into_reservation()?.effective(now)),
-            sequence: Some(sequence),
-            ..Changed::default()
-        }))
+        reservation_changed(row, sequence, now)
     }
 
     /// Undoes a sale: COMMITTED becomes VOIDED, the asset AVAILABLE, and
@@ -631,9 +670,7 @@ both! {
             assets::status.eq("AVAILABLE"),
             assets::current_reservation_id.eq(None::<String>),
             assets::hold_expires_at.eq(None::<At>),
-            assets::version.eq(assets::version + 1),
-            assets::last_event_sequence.eq(assets::last_event_sequence + 1),
-            assets::updated_at.eq(At(now)),
+            next_event(now),
         ))
         .returning(assets::last_event_sequence)
         .get_result::<i64>(conn))
@@ -691,9 +728,7 @@ both! {
             assets::status.eq("SOLD"),
             assets::current_reservation_id.eq(Some(&reservation.reservation_id)),
             assets::hold_expires_at.eq(None::<At>),
-            assets::version.eq(assets::version + 1),
-            assets::last_event_sequence.eq(assets::last_event_sequence + 1),
-            assets::updated_at.eq(At(now)),
+            next_event(now),
         ))
         .returning(assets::last_event_sequence)
         .get_result::<i64>(conn))
@@ -721,12 +756,7 @@ both! {
             return Ok(None);
         };
         exec!(record_fate(conn, payment, &reservation.reservation_id, None, now))?;
-        Ok(Some(Changed {
-            now: Some(now),
-            reservation: Some(row.into_reservation()?.effective(now)),
-            sequence: Some(sequence),
-            ..Changed::default()
-        }))
+        reservation_changed(row, sequence, now)
     }
 
     /// Records `refund` as its payment's fate (lapsed holds already
@@ -792,8 +822,7 @@ both! {
             assets::status.eq("WITHDRAWN"),
             assets::hold_expires_at.eq(None::<At>),
             assets::current_reservation_id.eq(None::<String>),
-            assets::version.eq(assets::version + 1),
-            assets::updated_at.eq(At(now)),
+            next_version(now),
         ))
         .returning(AssetRow::as_returning())
         .get_result::<AssetRow>(conn))
@@ -828,10 +857,8 @@ both! {
             return Ok(None);
         };
         Ok(Some(Changed {
-            now: Some(now),
-            asset: Some(row.into_asset(now)?),
             ended: ended.map(ReservationRow::into_reservation).transpose()?,
-            ..Changed::default()
+            ..asset_changed(row, now)?
         }))
     }
 
@@ -844,8 +871,7 @@ both! {
         )
         .set((
             assets::status.eq("AVAILABLE"),
-            assets::version.eq(assets::version + 1),
-            assets::updated_at.eq(At(now)),
+            next_version(now),
         ))
         .returning(AssetRow::as_returning())
         .get_result::<AssetRow>(conn))
@@ -854,11 +880,7 @@ both! {
         let Some(row) = row else {
             return Ok(None);
         };
-        Ok(Some(Changed {
-            now: Some(now),
-            asset: Some(row.into_asset(now)?),
-            ..Changed::default()
-        }))
+        asset_changed(row, now).map(Some)
     }
 
     /// Makes `change` with the shared statements at `now`.
