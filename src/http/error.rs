@@ -10,6 +10,13 @@ use crate::telemetry::count;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// The header that marks an answer stored under an `Idempotency-Key` and
+/// sent again.
+pub const REPLAYED: &str = "Idempotent-Replayed";
+
+/// What a handler answers.
+pub type ApiResult = Result<HttpResponse, ApiError>;
+
 /// Seconds a client should wait before retrying a 503.
 const RETRY_AFTER_SECONDS: &str = "1";
 
@@ -126,7 +133,7 @@ pub fn respond(reply: Reply) -> HttpResponse {
         response.insert_header((header::LOCATION, location));
     }
     if reply.replayed {
-        response.insert_header(("Idempotent-Replayed", "true"));
+        response.insert_header((REPLAYED, "true"));
     }
     if reply.status == 503 {
         response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECONDS));
@@ -144,7 +151,7 @@ pub fn keyed<T>(
     outcome: Keyed<T>,
     missing: fn() -> Problem,
     own: impl FnOnce(T) -> (&'static str, Reply),
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     let (label, reply) = match outcome {
         Keyed::Done(done) => own(done),
         Keyed::Replayed(reply) => {

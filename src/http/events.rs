@@ -7,10 +7,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{respond, ApiError};
-use super::extract::{page_limit, Validator};
+use super::error::{respond, ApiError, ApiResult};
+use super::extract::Validator;
 use super::paths::EventPath;
-use super::AppState;
+use super::State;
 use crate::domain::Event;
 use crate::reply::{self, Reply};
 use crate::store::FeedCursor;
@@ -61,9 +61,7 @@ fn page_params(query: &FeedQuery) -> Result<(FeedCursor, i64), ApiError> {
         .check("after", query.after.as_deref().map(decode).transpose())
         .flatten()
         .unwrap_or_default();
-    let limit = v
-        .check("limit", page_limit(query.limit.as_deref(), LIMIT_DEFAULT))
-        .unwrap_or(LIMIT_DEFAULT);
+    let limit = v.limit(query.limit.as_deref(), LIMIT_DEFAULT);
     v.finish()?;
     Ok((after, limit))
 }
@@ -92,11 +90,7 @@ fn page(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
     responses((status = 200, description = "One page of the feed", body = EventPage))
 )]
 #[get("/v1/events")]
-pub async fn list_events(
-    caller: Caller,
-    state: web::Data<AppState>,
-    query: web::Query<FeedQuery>,
-) -> Result<HttpResponse, ApiError> {
+pub async fn list_events(caller: Caller, state: State, query: web::Query<FeedQuery>) -> ApiResult {
     let (after, limit) = page_params(&query)?;
     let viewer = caller.owner_filter();
     let rows = state.store.event_feed(after, limit).await?;
@@ -116,9 +110,9 @@ pub async fn list_events(
 #[get("/v1/events/dead")]
 pub async fn list_dead_events(
     _caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     query: web::Query<FeedQuery>,
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     let (after, limit) = page_params(&query)?;
     Ok(page(after, state.store.dead_events(after, limit).await?))
 }
@@ -130,11 +124,7 @@ pub async fn list_dead_events(
     responses((status = 202, description = "Scheduled for delivery", body = Event))
 )]
 #[post("/v1/events/{event_id}/redeliver")]
-pub async fn redeliver_event(
-    _caller: Caller,
-    state: web::Data<AppState>,
-    event: EventPath,
-) -> Result<HttpResponse, ApiError> {
+pub async fn redeliver_event(_caller: Caller, state: State, event: EventPath) -> ApiResult {
     match state.store.redeliver(&event.0).await? {
         Some(event) => Ok(respond(Reply::json(202, &event))),
         None => Err(reply::event_not_found().into()),

@@ -5,11 +5,11 @@
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest};
-use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
-use utoipa::openapi::Required;
 use utoipa::IntoParams;
 
+use super::docs::parameter;
 use super::error::ApiError;
 use crate::domain::{AssetId, EventId, PaymentReference, RefundId, ReservationId};
 use crate::reply::{self, Problem};
@@ -46,17 +46,10 @@ macro_rules! path_param {
 
         impl IntoParams for $name {
             fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
-                vec![ParameterBuilder::new()
-                    .name($param)
-                    .parameter_in(ParameterIn::Path)
-                    .required(Required::True)
-                    .description(Some($description))
-                    .schema(Some(
-                        ObjectBuilder::new()
-                            .schema_type(SchemaType::Type(Type::String))
-                            .pattern(Some($pattern)),
-                    ))
-                    .build()]
+                let schema = ObjectBuilder::new()
+                    .schema_type(SchemaType::Type(Type::String))
+                    .pattern(Some($pattern));
+                vec![parameter($param, ParameterIn::Path, $description, schema)]
             }
         }
     };

@@ -1,14 +1,14 @@
 //! Payments: what became of a payment reference, for reconciliation and for
 //! a payment system whose idempotency key is lost.
 
-use actix_web::{get, web, HttpResponse};
+use actix_web::{get, web};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::access::Caller;
-use super::error::{respond, ApiError};
+use super::error::{respond, ApiResult};
 use super::paths::PaymentPath;
-use super::AppState;
+use super::State;
 use crate::domain::{FieldError, Payment};
 use crate::keys::Role;
 use crate::reply::{self, Reply};
@@ -35,10 +35,10 @@ pub struct PaymentQuery {
 #[get("/v1/payments/{payment_reference}")]
 pub async fn get_payment(
     caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     payment: PaymentPath,
     query: web::Query<PaymentQuery>,
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     let reference = payment.0;
     let scope = match (caller.role, &query.client) {
         // Admins (and open mode) may name any client, or ask across all.

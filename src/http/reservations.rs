@@ -1,17 +1,15 @@
 //! Reservations: hold, read, commit, release, extend, void, list. Every POST
 //! takes an Idempotency-Key.
 
-use actix_web::{get, post, web, HttpResponse};
+use actix_web::{get, post, web};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::docs::IdempotencyKeyParam;
-use super::error::{keyed, respond, ApiError};
-use super::extract::{cursor_of, page_of, KeyedRequest, Validator};
+use super::error::{keyed, respond, ApiResult};
+use super::extract::{checked, cursor_of, page_of, KeyedRequest, PageQuery, Validator};
 use super::paths::{AssetPath, ReservationPath};
-use super::AppState;
-use super::LateCommit;
+use super::{LateCommit, State};
 use crate::domain::{
     AssetId, BuyerId, PaymentReference, RefundReason, Reservation, ReservationId, ReservationStatus,
 };
@@ -64,7 +62,7 @@ pub struct ReleaseReservationRequest {}
 /// Hold an asset for a buyer. One winner per asset; everyone else gets 409 at once.
 #[utoipa::path(
     tag = "reservations",
-    params(AssetPath, IdempotencyKeyParam),
+    params(AssetPath),
     request_body = HoldAssetRequest,
     responses(
         (status = 201, description = "Held", body = Reservation,
@@ -79,63 +77,52 @@ pub struct ReleaseReservationRequest {}
 #[post("/v1/assets/{asset_id}/reservations")]
 pub async fn hold_asset(
     request: KeyedRequest<HoldAssetRequest>,
-    state: web::Data<AppState>,
+    state: State,
     asset: AssetPath,
-) -> Result<HttpResponse, ApiError> {
-    let KeyedRequest {
-        caller,
-        idempotency,
-        body,
-    } = request;
+) -> ApiResult {
+    let body = &request.body;
     let mut v = Validator::default();
     let buyer_id = v.check("buyer_id", BuyerId::parse(&body.buyer_id));
-    let hold_seconds = v.check(
-        "hold_seconds",
-        state.api.hold_bounds.hold_seconds(body.hold_seconds),
-    );
+    let hold_seconds = state.api.hold_bounds.hold_seconds(body.hold_seconds);
+    let hold_seconds = v.check("hold_seconds", hold_seconds);
     let (Some(buyer_id), Some(hold_seconds)) = (buyer_id, hold_seconds) else {
         return Err(v.failed());
     };
     let span = tracing::Span::current();
     span.record("asset_id", asset.0.as_str());
-    span.record("idempotency_key", idempotency.key.as_str());
+    span.record("idempotency_key", request.idempotency.key.as_str());
     let request = HoldRequest {
         asset_id: asset.0,
         buyer_id,
         hold_seconds,
-        owner: caller.name.clone(),
+        owner: request.caller.name,
         max_live_holds: state.api.max_live_holds,
-        idempotency,
+        idempotency: request.idempotency,
     };
     let outcome = state.store.hold(&request).await?;
-    keyed(
-        "holdfast_holds_total",
-        outcome,
-        reply::asset_not_found,
-        |held| match held {
-            HoldOutcome::Created(reply) => {
-                let buyer = request.buyer_id.as_str();
-                let location = reply.location.as_deref();
-                tracing::info!(location, buyer_id = buyer, "asset held");
-                ("created", reply)
-            }
-            HoldOutcome::Unavailable {
-                status,
-                hold_expires_at,
-            } => (
-                "conflict",
-                reply::asset_unavailable_reply(status, hold_expires_at),
-            ),
-            HoldOutcome::SaleNotOpen { available_from } => (
-                "not_open",
-                reply::sale_not_open(available_from).into_reply(),
-            ),
-            HoldOutcome::LimitReached { limit } => (
-                "limit_reached",
-                reply::hold_limit_reached(limit).into_reply(),
-            ),
-        },
-    )
+    keyed(HOLDS, outcome, reply::asset_not_found, |held| match held {
+        HoldOutcome::Created(reply) => {
+            let buyer = request.buyer_id.as_str();
+            let location = reply.location.as_deref();
+            tracing::info!(location, buyer_id = buyer, "asset held");
+            ("created", reply)
+        }
+        HoldOutcome::Unavailable {
+            status,
+            hold_expires_at,
+        } => (
+            "conflict",
+            reply::asset_unavailable_reply(status, hold_expires_at),
+        ),
+        HoldOutcome::SaleNotOpen { available_from } => (
+            "not_open",
+            reply::sale_not_open(available_from).into_reply(),
+        ),
+        HoldOutcome::LimitReached { limit } => (
+            "limit_reached",
+            reply::hold_limit_reached(limit).into_reply(),
+        ),
+    })
 }
 
 /// Read a reservation with its effective status and refunds.
@@ -149,9 +136,9 @@ pub async fn hold_asset(
 #[get("/v1/reservations/{reservation_id}")]
 pub async fn get_reservation(
     caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     reservation: ReservationPath,
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     // Another storefront's reservation does not exist for this caller: the
     // query itself filters by owner, so it costs what a missing one costs.
     let visible_to = caller.owner_filter();
@@ -189,44 +176,30 @@ pub async fn get_reservation(
 /// answers its fate.
 #[utoipa::path(
     tag = "reservations",
-    params(ReservationPath, IdempotencyKeyParam),
+    params(ReservationPath),
     request_body = CommitReservationRequest,
     responses(
         (status = 200, description = "COMMITTED (or already committed with this payment, or a \
-            replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
-             answer to an earlier request with this key"))),
+            replay)", body = Reservation),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/commit")]
 pub async fn commit_reservation(
     request: KeyedRequest<CommitReservationRequest>,
-    state: web::Data<AppState>,
+    state: State,
     reservation: ReservationPath,
-) -> Result<HttpResponse, ApiError> {
-    let KeyedRequest {
-        caller,
-        idempotency,
-        body,
-    } = request;
-    let mut v = Validator::default();
-    let payment = v.check(
-        "payment_reference",
-        PaymentReference::parse(&body.payment_reference),
-    );
-    let Some(payment_reference) = payment else {
-        return Err(v.failed());
-    };
+) -> ApiResult {
+    let payment = PaymentReference::parse(&request.body.payment_reference);
     let request = CommitRequest {
-        reservation_id: record_reservation(reservation.0, &idempotency),
-        payment_reference,
-        payment_scope: caller.name.clone(),
-        idempotency,
+        payment_reference: checked("payment_reference", payment)?,
+        reservation_id: record_reservation(reservation.0, &request.idempotency),
+        payment_scope: request.caller.name,
+        idempotency: request.idempotency,
         accept_late: state.api.late_commit == LateCommit::AcceptIfFree,
     };
     let outcome = state.store.commit(&request).await?;
     keyed(
-        "holdfast_commits_total",
+        COMMITS,
         outcome,
         reply::reservation_not_found,
         |committed| match committed {
@@ -261,34 +234,27 @@ pub async fn commit_reservation(
 /// Release a hold: the asset is AVAILABLE at once.
 #[utoipa::path(
     tag = "reservations",
-    params(ReservationPath, IdempotencyKeyParam),
+    params(ReservationPath),
     request_body(content = Option<ReleaseReservationRequest>, description = "No body, or {}"),
     responses(
         (status = 200, description = "RELEASED (or released before, or a \
-            replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
-             answer to an earlier request with this key"))),
+            replay)", body = Reservation),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/release")]
 pub async fn release_reservation(
     request: KeyedRequest<ReleaseReservationRequest, true>,
-    state: web::Data<AppState>,
+    state: State,
     reservation: ReservationPath,
-) -> Result<HttpResponse, ApiError> {
-    let KeyedRequest {
-        caller,
-        idempotency,
-        body: _,
-    } = request;
+) -> ApiResult {
     let request = ReleaseRequest {
-        reservation_id: record_reservation(reservation.0, &idempotency),
-        visible_to: caller.owner_filter(),
-        idempotency,
+        reservation_id: record_reservation(reservation.0, &request.idempotency),
+        visible_to: request.caller.owner_filter(),
+        idempotency: request.idempotency,
     };
     let outcome = state.store.release(&request).await?;
     keyed(
-        "holdfast_releases_total",
+        RELEASES,
         outcome,
         reply::reservation_not_found,
         |released| match released {
@@ -323,44 +289,34 @@ pub struct ExtendReservationRequest {
 /// HOLD_EXTENSION_LIMIT. Event `reservation.extended`.
 #[utoipa::path(
     tag = "reservations",
-    params(ReservationPath, IdempotencyKeyParam),
+    params(ReservationPath),
     request_body = ExtendReservationRequest,
     responses(
         (status = 200, description = "The hold with its new expiry (or a \
-            replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
-             answer to an earlier request with this key"))),
+            replay)", body = Reservation),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/extend")]
 pub async fn extend_reservation(
     request: KeyedRequest<ExtendReservationRequest>,
-    state: web::Data<AppState>,
+    state: State,
     reservation: ReservationPath,
-) -> Result<HttpResponse, ApiError> {
-    let KeyedRequest {
-        caller,
-        idempotency,
-        body,
-    } = request;
-    let mut v = Validator::default();
-    let hold_seconds = v.check(
-        "hold_seconds",
-        state.api.hold_bounds.hold_seconds(Some(body.hold_seconds)),
-    );
-    let Some(hold_seconds) = hold_seconds else {
-        return Err(v.failed());
-    };
+) -> ApiResult {
+    let hold_seconds = state
+        .api
+        .hold_bounds
+        .hold_seconds(Some(request.body.hold_seconds));
+    let hold_seconds = checked("hold_seconds", hold_seconds)?;
     let request = ExtendRequest {
-        reservation_id: record_reservation(reservation.0, &idempotency),
+        reservation_id: record_reservation(reservation.0, &request.idempotency),
         hold_seconds,
         max_total_seconds: state.api.hold_max_total_seconds,
-        visible_to: caller.owner_filter(),
-        idempotency,
+        visible_to: request.caller.owner_filter(),
+        idempotency: request.idempotency,
     };
     let outcome = state.store.extend(&request).await?;
     keyed(
-        "holdfast_extensions_total",
+        EXTENSIONS,
         outcome,
         reply::reservation_not_found,
         |extended| match extended {
@@ -411,35 +367,28 @@ fn yes() -> bool {
 /// API key that voided it as `actor`.
 #[utoipa::path(
     tag = "reservations",
-    params(ReservationPath, IdempotencyKeyParam),
+    params(ReservationPath),
     request_body(content = Option<VoidReservationRequest>, description = "Optional"),
     responses(
         (status = 200, description = "VOIDED, with its refund (or voided before, or a \
-            replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
-             answer to an earlier request with this key"))),
+            replay)", body = Reservation),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/void")]
 pub async fn void_reservation(
     request: KeyedRequest<VoidReservationRequest, true>,
-    state: web::Data<AppState>,
+    state: State,
     reservation: ReservationPath,
-) -> Result<HttpResponse, ApiError> {
-    let KeyedRequest {
-        caller,
-        idempotency,
-        body,
-    } = request;
+) -> ApiResult {
     let request = VoidRequest {
-        reservation_id: record_reservation(reservation.0, &idempotency),
-        refund: body.refund,
-        actor: caller.name.clone(),
-        idempotency,
+        reservation_id: record_reservation(reservation.0, &request.idempotency),
+        refund: request.body.refund,
+        actor: request.caller.name,
+        idempotency: request.idempotency,
     };
     let outcome = state.store.void(&request).await?;
     keyed(
-        "holdfast_voids_total",
+        VOIDS,
         outcome,
         reply::reservation_not_found,
         |voided| match voided {
@@ -465,11 +414,9 @@ pub struct ListReservationsQuery {
     /// Only reservations with this effective status.
     #[param(value_type = Option<ReservationStatus>)]
     pub status: Option<String>,
-    /// Page size, 1 to 500 (default 50).
-    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
-    pub limit: Option<String>,
-    /// `next_cursor` of the previous page.
-    pub cursor: Option<String>,
+    #[serde(flatten)]
+    #[param(ignore)]
+    pub page: PageQuery<50>,
 }
 
 /// One page of reservations, newest first.
@@ -484,7 +431,7 @@ pub struct ReservationList {
 /// effective status. A storefront key sees the reservations it made.
 #[utoipa::path(
     tag = "reservations",
-    params(ListReservationsQuery),
+    params(ListReservationsQuery, PageQuery<50>),
     responses(
         (status = 200, description = "One page of reservations", body = ReservationList),
     )
@@ -492,10 +439,9 @@ pub struct ReservationList {
 #[get("/v1/reservations")]
 pub async fn list_reservations(
     caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     query: web::Query<ListReservationsQuery>,
-) -> Result<HttpResponse, ApiError> {
-    const LIMIT_DEFAULT: i64 = 50;
+) -> ApiResult {
     let mut v = Validator::default();
     let buyer_id = v.optional("buyer_id", query.buyer_id.as_deref(), |b| {
         BuyerId::parse(b).map(BuyerId::into_inner)
@@ -508,12 +454,9 @@ pub async fn list_reservations(
         query.status.as_deref(),
         ReservationStatus::parse_or_list,
     );
-    let page = v.page(
-        query.limit.as_deref(),
-        query.cursor.as_deref(),
-        LIMIT_DEFAULT,
-        |id| ReservationId::parse(id).map(|_| id.to_owned()),
-    );
+    let page = v.page(&query.page, |id| {
+        ReservationId::parse(id).map(|_| id.to_owned())
+    });
     v.finish()?;
     let items = state
         .store
@@ -532,6 +475,12 @@ pub async fn list_reservations(
         &ReservationList { items, next_cursor },
     )))
 }
+
+const HOLDS: &str = "holdfast_holds_total";
+const COMMITS: &str = "holdfast_commits_total";
+const RELEASES: &str = "holdfast_releases_total";
+const EXTENSIONS: &str = "holdfast_extensions_total";
+const VOIDS: &str = "holdfast_voids_total";
 
 /// Names the reservation and key in the request's span.
 fn record_reservation(id: ReservationId, idempotency: &Idempotency) -> ReservationId {
