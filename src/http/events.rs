@@ -13,7 +13,7 @@ use super::paths::EventPath;
 use super::State;
 use crate::domain::Event;
 use crate::reply::{self, Reply};
-use crate::store::FeedCursor;
+use crate::store::{FeedCursor, FeedPage};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -55,7 +55,8 @@ fn decode(text: &str) -> Result<FeedCursor, String> {
     }
 }
 
-fn page_params(query: &FeedQuery) -> Result<(FeedCursor, i64), ApiError> {
+/// The page of the feed (or of its dead events) that `query` asks for.
+fn feed_page(query: &FeedQuery, dead: bool) -> Result<FeedPage, ApiError> {
     let mut v = Validator::default();
     let after = v
         .check("after", query.after.as_deref().map(decode).transpose())
@@ -63,10 +64,11 @@ fn page_params(query: &FeedQuery) -> Result<(FeedCursor, i64), ApiError> {
         .unwrap_or_default();
     let limit = v.limit(query.limit.as_deref(), LIMIT_DEFAULT);
     v.finish()?;
-    Ok((after, limit))
+    Ok(FeedPage { after, limit, dead })
 }
 
-fn page(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
+/// The events of a page read after `after`, and where the next one starts.
+fn feed_answer(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
     let next = rows.last().map_or(after, |(c, _)| *c);
     let items = rows.into_iter().map(|(_, e)| e).collect();
     respond(Reply::json(
@@ -91,14 +93,14 @@ fn page(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
 )]
 #[get("/v1/events")]
 pub async fn list_events(caller: Caller, state: State, query: web::Query<FeedQuery>) -> ApiResult {
-    let (after, limit) = page_params(&query)?;
+    let page = feed_page(&query, false)?;
     let viewer = caller.owner_filter();
-    let rows = state.store.event_feed(after, limit).await?;
+    let rows = state.store.event_feed(page).await?;
     let rows = rows
         .into_iter()
         .map(|(cursor, event)| (cursor, event.seen_by(viewer.as_deref())))
         .collect();
-    Ok(page(after, rows))
+    Ok(feed_answer(page.after, rows))
 }
 
 /// Events whose delivery failed too often and was given up, oldest first.
@@ -113,8 +115,8 @@ pub async fn list_dead_events(
     state: State,
     query: web::Query<FeedQuery>,
 ) -> ApiResult {
-    let (after, limit) = page_params(&query)?;
-    Ok(page(after, state.store.dead_events(after, limit).await?))
+    let page = feed_page(&query, true)?;
+    Ok(feed_answer(page.after, state.store.event_feed(page).await?))
 }
 
 /// Deliver an event again (dead or not): its attempts start over.

@@ -13,15 +13,15 @@ use chrono::Duration;
 use super::error::is_unique_violation;
 use super::rows::{NewEvent, PaymentRow};
 use super::{
-    CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, ExtendOutcome,
-    ExtendRequest, HoldOutcome, HoldRequest, Idempotency, Keyed, ReinstateOutcome, ReleaseOutcome,
-    ReleaseRequest, StoreError, StoreResult, StoreSettings, StoredAnswer, SweepReport, VoidOutcome,
-    VoidRequest, WithdrawOutcome,
+    CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, Delivery,
+    DeliveryResult, ExtendOutcome, ExtendRequest, FeedCursor, FeedPage, HoldOutcome, HoldRequest,
+    Idempotency, Keyed, ReinstateOutcome, ReleaseOutcome, ReleaseRequest, StoreError, StoreResult,
+    StoreSettings, StoredAnswer, SweepReport, VoidOutcome, VoidRequest, WithdrawOutcome,
 };
 use crate::domain::{
     commit_decision, extension_allowed, hold_decision, release_decision, withdraw_decision, Asset,
-    AssetId, AssetStatus, CommitDecision, EventId, EventType, HoldDecision, HoldTarget, Payment,
-    PaymentFate, PaymentOutcome, PaymentReference, Refund, RefundId, RefundReason, RefundStatus,
+    AssetId, AssetStatus, CommitDecision, Event, EventId, EventType, HoldDecision, HoldTarget,
+    Payment, PaymentFate, PaymentOutcome, PaymentReference, Refund, RefundReason, RefundStatus,
     ReleaseDecision, Reservation, ReservationId, ReservationStatus, Timestamp, WithdrawDecision,
 };
 use crate::reply::{self, Reply};
@@ -194,13 +194,19 @@ pub(crate) struct Written<T> {
 /// backend may run it inside its transaction on any thread.
 pub(crate) type Assemble<T> = Box<dyn FnOnce(&Changed) -> StoreResult<Written<T>> + Send>;
 
+/// The fates of a payment reference, and the database clock they were read at.
+pub(crate) struct Fates {
+    pub now: Timestamp,
+    pub rows: Vec<PaymentRow>,
+}
+
 /// The primitives each backend provides: reads from one snapshot, and writes
 /// each in one transaction.
 pub(crate) trait Backend {
+    /// The asset to hold and the answer stored under the request's key.
     fn hold_snapshot(
         &self,
-        asset: &AssetId,
-        idempotency: &Idempotency,
+        req: &HoldRequest,
     ) -> impl Future<Output = StoreResult<Snapshot<HoldTarget>>> + Send;
 
     /// Claims the asset for the draft; with `reclaim`, first expires its
@@ -212,20 +218,17 @@ pub(crate) trait Backend {
         reclaim: bool,
     ) -> impl Future<Output = StoreResult<Claim>> + Send;
 
-    /// The stored reservation (without refunds), the stored answer, and the
-    /// fate of `payment` when one is given.
+    /// The stored reservation (without refunds), the answer stored under
+    /// the target's key, and the fate of its payment when it has one.
     fn reservation_snapshot(
         &self,
-        id: &ReservationId,
-        idempotency: &Idempotency,
-        payment: Option<PaymentKey<'_>>,
+        target: Target<'_>,
     ) -> impl Future<Output = StoreResult<Snapshot<Reservation>>> + Send;
 
     /// The refund and the answer stored under the request's key.
     fn refund_snapshot(
         &self,
-        id: &RefundId,
-        idempotency: &Idempotency,
+        req: &CompleteRefundRequest,
     ) -> impl Future<Output = StoreResult<Snapshot<Refund>>> + Send;
 
     /// The stored asset (status as stored, not yet effective) and the clock.
@@ -234,19 +237,20 @@ pub(crate) trait Backend {
         id: &AssetId,
     ) -> impl Future<Output = StoreResult<Snapshot<Asset>>> + Send;
 
-    /// The reservation with its refunds, by effective status at `now`.
-    fn load_reservation(
+    /// A reservation read before (so it exists) read again, with its
+    /// refunds, by effective status at `now`.
+    fn reload(
         &self,
         id: &ReservationId,
         now: Timestamp,
-    ) -> impl Future<Output = StoreResult<Option<Reservation>>> + Send;
+    ) -> impl Future<Output = StoreResult<Reservation>> + Send;
 
-    /// The database clock and the fates of `reference`.
+    /// The fates of `reference` (in `scope`, or in every scope).
     fn payment_fates(
         &self,
         scope: Option<&str>,
         reference: &str,
-    ) -> impl Future<Output = StoreResult<(Timestamp, Vec<PaymentRow>)>> + Send;
+    ) -> impl Future<Output = StoreResult<Fates>> + Send;
 
     /// Makes `change` and, in the same transaction, writes what `assemble`
     /// builds from it: its events (numbered from the one the change took,
@@ -262,6 +266,26 @@ pub(crate) trait Backend {
 
     /// Expires up to `limit` lapsed holds in one transaction; how many.
     fn expire_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
+
+    /// One page of the event feed.
+    fn event_feed(
+        &self,
+        page: FeedPage,
+    ) -> impl Future<Output = StoreResult<Vec<(FeedCursor, Event)>>> + Send;
+
+    /// Claims up to `limit` due events; each stays claimed for `lease`.
+    fn claim_deliveries(
+        &self,
+        limit: i64,
+        lease: std::time::Duration,
+    ) -> impl Future<Output = StoreResult<Vec<Delivery>>> + Send;
+
+    /// Records what became of one delivery attempt.
+    fn finish_delivery(
+        &self,
+        id: &str,
+        result: &DeliveryResult,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
 
     /// Deletes up to `limit` rows of `what` older than `retention`; how many.
     fn purge_batch(
@@ -362,13 +386,13 @@ fn answered_with(event_type: EventType) -> Assemble<Reply> {
 /// The reservation a keyed request is about, and what its first read
 /// takes along.
 #[derive(Debug, Clone, Copy)]
-struct Target<'a> {
-    id: &'a ReservationId,
-    idempotency: &'a Idempotency,
+pub(crate) struct Target<'a> {
+    pub id: &'a ReservationId,
+    pub idempotency: &'a Idempotency,
     /// Only reservations of this owner exist for the caller; `None` sees all.
-    visible_to: Option<&'a String>,
+    pub visible_to: Option<&'a String>,
     /// The payment a commit carries, whose fate is read with it.
-    payment: Option<PaymentKey<'a>>,
+    pub payment: Option<PaymentKey<'a>>,
 }
 
 impl<'a> Target<'a> {
@@ -398,9 +422,7 @@ impl<'a> Target<'a> {
         mut act: impl AsyncFnMut(Reservation, Timestamp, Option<PaymentFate>) -> StoreResult<Option<T>>,
     ) -> StoreResult<Keyed<T>> {
         for _ in 0..MAX_ATTEMPTS {
-            let snap = backend
-                .reservation_snapshot(self.id, self.idempotency, self.payment)
-                .await?;
+            let snap = backend.reservation_snapshot(self).await?;
             if let Some(stored) = snap.stored {
                 return Ok(answered(stored, self.idempotency));
             }
@@ -428,9 +450,7 @@ pub(crate) async fn hold<B: Backend>(
     req: &HoldRequest,
 ) -> StoreResult<Keyed<HoldOutcome>> {
     for _ in 0..MAX_ATTEMPTS {
-        let snap = backend
-            .hold_snapshot(&req.asset_id, &req.idempotency)
-            .await?;
+        let snap = backend.hold_snapshot(req).await?;
         if let Some(stored) = snap.stored {
             return Ok(answered(stored, &req.idempotency));
         }
@@ -574,11 +594,11 @@ pub(crate) async fn commit<B: Backend>(
                             })
                     }
                     CommitDecision::AlreadyCommittedWithThisPayment => {
-                        let current = reload(backend, &req.reservation_id, now).await?;
+                        let current = backend.reload(&req.reservation_id, now).await?;
                         return Ok(Some(CommitOutcome::AlreadyCommitted(current)));
                     }
                     CommitDecision::RefundedBefore => {
-                        let current = reload(backend, &req.reservation_id, now).await?;
+                        let current = backend.reload(&req.reservation_id, now).await?;
                         let refund_id = fate.and_then(|f| f.refund_id);
                         let refund = current
                             .refunds
@@ -595,13 +615,13 @@ pub(crate) async fn commit<B: Backend>(
                         return Ok(Some(CommitOutcome::Refused { reply, reason }));
                     }
                     CommitDecision::SaleVoided => {
-                        let current = reload(backend, &req.reservation_id, now).await?;
+                        let current = backend.reload(&req.reservation_id, now).await?;
                         let refund = own_refund(&current, payment);
                         let reply = reply::sale_voided(&current, refund).into_reply();
                         return Ok(Some(CommitOutcome::SaleVoided(reply)));
                     }
                     CommitDecision::UsedElsewhere => {
-                        let current = reload(backend, &req.reservation_id, now).await?;
+                        let current = backend.reload(&req.reservation_id, now).await?;
                         let mut fates =
                             payments(backend, Some(payment.scope), &req.payment_reference).await?;
                         // Its fate went away between two reads: impossible unless
@@ -636,11 +656,11 @@ pub(crate) async fn payments<B: Backend>(
     scope: Option<&str>,
     reference: &PaymentReference,
 ) -> StoreResult<Vec<(String, Payment)>> {
-    let (now, rows) = backend.payment_fates(scope, reference.as_str()).await?;
+    let Fates { now, rows } = backend.payment_fates(scope, reference.as_str()).await?;
     let mut found = Vec::with_capacity(rows.len());
     for row in rows {
         let id = super::rows::parse_reservation_id(&row.reservation_id)?;
-        let reservation = reload(backend, &id, now).await?;
+        let reservation = backend.reload(&id, now).await?;
         let key = PaymentKey {
             scope: &row.scope,
             reference: &row.reference,
@@ -692,7 +712,7 @@ pub(crate) async fn release<B: Backend>(
                 ReleaseDecision::NotActive => ReleaseOutcome::NotActive,
             };
             Ok(Some(unchanged(
-                reload(backend, &req.reservation_id, now).await?,
+                backend.reload(&req.reservation_id, now).await?,
             )))
         },
     )
@@ -725,7 +745,7 @@ pub(crate) async fn extend<B: Backend>(
             return Ok(written.map(ExtendOutcome::Extended));
         };
         Ok(Some(refused(
-            reload(backend, &req.reservation_id, now).await?,
+            backend.reload(&req.reservation_id, now).await?,
         )))
     })
     .await
@@ -766,7 +786,7 @@ pub(crate) async fn void<B: Backend>(
                 _ => VoidOutcome::NotActive,
             };
             Ok(Some(unchanged(
-                reload(backend, &req.reservation_id, now).await?,
+                backend.reload(&req.reservation_id, now).await?,
             )))
         })
         .await
@@ -902,17 +922,6 @@ pub(crate) async fn reinstate<B: Backend>(
     })
 }
 
-async fn reload<B: Backend>(
-    backend: &B,
-    id: &ReservationId,
-    now: Timestamp,
-) -> StoreResult<Reservation> {
-    backend
-        .load_reservation(id, now)
-        .await?
-        .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))
-}
-
 /// One janitor pass: lapsed holds batch by batch, then stored answers and
 /// delivered events past retention (events only when they have one), each
 /// batch its own short transaction.
@@ -958,9 +967,7 @@ pub(crate) async fn complete_refund<B: Backend>(
     req: &CompleteRefundRequest,
 ) -> StoreResult<Keyed<CompleteRefundOutcome>> {
     for _ in 0..MAX_ATTEMPTS {
-        let snap = backend
-            .refund_snapshot(&req.refund_id, &req.idempotency)
-            .await?;
+        let snap = backend.refund_snapshot(req).await?;
         if let Some(stored) = snap.stored {
             return Ok(answered(stored, &req.idempotency));
         }

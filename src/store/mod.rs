@@ -14,6 +14,8 @@ mod statements;
 
 use std::time::Duration;
 
+use flow::Backend;
+
 pub use audit::Finding;
 pub use error::StoreError;
 pub use outcome::WriteOutcome;
@@ -250,6 +252,16 @@ pub struct RefundPage {
 pub struct FeedCursor {
     pub tx: i64,
     pub position: i64,
+}
+
+/// One page of the event feed: the events after `after`, at most `limit`.
+#[derive(Debug, Clone, Copy)]
+pub struct FeedPage {
+    pub after: FeedCursor,
+    pub limit: i64,
+    /// Only the events parked after too many failed deliveries; else only
+    /// those whose order is final.
+    pub dead: bool,
 }
 
 /// An event claimed for delivery: the attempt it is on.
@@ -616,22 +628,9 @@ impl Store {
         shared!(self, "list refunds", read | _now | refunds_page(&page))
     }
 
-    /// Events after `after` whose order is final, oldest first.
-    pub async fn event_feed(
-        &self,
-        after: FeedCursor,
-        limit: i64,
-    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
-        bounded!(self, "read the event feed", s => s.event_feed(after, limit, false))
-    }
-
-    /// Events parked after too many failed deliveries, oldest first.
-    pub async fn dead_events(
-        &self,
-        after: FeedCursor,
-        limit: i64,
-    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
-        bounded!(self, "read the event feed", s => s.event_feed(after, limit, true))
+    /// One page of the event feed (or of its dead events), oldest first.
+    pub async fn event_feed(&self, page: FeedPage) -> StoreResult<Vec<(FeedCursor, Event)>> {
+        bounded!(self, "read the event feed", s => s.event_feed(page))
     }
 
     /// Schedules an event for delivery again; `None` when it does not exist.

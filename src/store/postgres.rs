@@ -29,20 +29,20 @@ use futures_util::FutureExt;
 use super::coalesce::Coalescer;
 use super::error::{Abort, Context};
 use super::flow::{
-    expired_event, Assemble, Backend, Change, Changed, Claim, HoldDraft, PaymentKey, Purge,
-    Snapshot,
+    expired_event, Assemble, Backend, Change, Changed, Claim, Fates, HoldDraft, PaymentKey, Purge,
+    Snapshot, Target,
 };
 use super::rows::{
     asset_snapshot, Claimed, ClaimedRow, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
-    NowAssetRow, PaymentRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
+    NowAssetRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
 };
 use super::statements::pg as shared;
 use super::{
-    Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, StoreError, StoreResult,
-    StoreSettings, WriteOutcome,
+    CompleteRefundRequest, Delivery, DeliveryResult, FeedCursor, FeedPage, HoldRequest,
+    Idempotency, PoolStatus, StoreError, StoreResult, StoreSettings, WriteOutcome,
 };
 use crate::domain::{
-    Asset, AssetId, Event, HoldTarget, Refund, RefundId, Reservation, ReservationId, Timestamp,
+    Asset, AssetId, Event, HoldTarget, Refund, Reservation, ReservationId, Timestamp,
 };
 
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
@@ -183,6 +183,25 @@ impl Sessions {
         } else {
             work(&mut conn).await
         }
+    }
+
+    /// The rows `query` answers on a pooled connection, each made into
+    /// what it stands for.
+    async fn rows<'q, Q, R, T>(
+        &self,
+        query: Q,
+        context: &'static str,
+        into: fn(R) -> StoreResult<T>,
+    ) -> StoreResult<Vec<T>>
+    where
+        Q: diesel_async::methods::LoadQuery<'q, AsyncPgConnection, R> + Send + 'q,
+        R: Send,
+    {
+        self.run(async |c| {
+            let rows = query.load::<R>(c).await.context(context)?;
+            rows.into_iter().map(into).collect()
+        })
+        .await
     }
 
     /// Runs `work` in one transaction on a pooled connection: committed when
@@ -395,17 +414,11 @@ impl PgStore {
     }
 }
 
-/// The event feed and the delivery of events.
-impl PgStore {
+impl Backend for PgStore {
     /// Only events whose transaction id is below the oldest running
     /// transaction are returned: none can commit later in front of them.
-    pub async fn event_feed(
-        &self,
-        after: FeedCursor,
-        limit: i64,
-        dead: bool,
-    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
-        let sql = if dead {
+    async fn event_feed(&self, page: FeedPage) -> StoreResult<Vec<(FeedCursor, Event)>> {
+        let sql = if page.dead {
             format!(
                 "SELECT txid::text::bigint AS tx, position, {EVENT_COLUMNS} FROM events \
              WHERE dead_at IS NOT NULL AND (txid, position) > ($1::text::xid8, $2) \
@@ -420,27 +433,16 @@ impl PgStore {
             )
         };
         let query = sql_query(sql)
-            .bind::<Text, _>(after.tx.to_string())
-            .bind::<BigInt, _>(after.position)
-            .bind::<BigInt, _>(limit);
-        self.db
-            .run(async |c| {
-                let rows = query
-                    .load::<FeedRow>(c)
-                    .await
-                    .context("read the event feed")?;
-                rows.into_iter().map(FeedRow::into_entry).collect()
-            })
-            .await
+            .bind::<Text, _>(page.after.tx.to_string())
+            .bind::<BigInt, _>(page.after.position)
+            .bind::<BigInt, _>(page.limit);
+        let context = "read the event feed";
+        self.db.rows(query, context, FeedRow::into_entry).await
     }
 
     /// Claims due events with SKIP LOCKED and leases them, in one short
     /// statement; delivery happens after it committed.
-    pub async fn claim_deliveries(
-        &self,
-        limit: i64,
-        lease: Duration,
-    ) -> StoreResult<Vec<Delivery>> {
+    async fn claim_deliveries(&self, limit: i64, lease: Duration) -> StoreResult<Vec<Delivery>> {
         let sql = format!(
             "UPDATE events SET attempts = attempts + 1, next_attempt_at = now() + \
                 make_interval(secs => $2) \
@@ -453,18 +455,13 @@ impl PgStore {
         let query = sql_query(sql)
             .bind::<BigInt, _>(limit)
             .bind::<Double, _>(lease.as_secs_f64());
+        let context = "claim events to deliver";
         self.db
-            .run(async |c| {
-                let rows = query
-                    .load::<ClaimedRow>(c)
-                    .await
-                    .context("claim events to deliver")?;
-                rows.into_iter().map(ClaimedRow::into_delivery).collect()
-            })
+            .rows(query, context, ClaimedRow::into_delivery)
             .await
     }
 
-    pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
+    async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
         self.db
             .run(async |conn| {
                 let (error, delay) = match result {
@@ -494,13 +491,9 @@ impl PgStore {
             })
             .await
     }
-}
-impl Backend for PgStore {
-    async fn refund_snapshot(
-        &self,
-        id: &RefundId,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Snapshot<Refund>> {
+
+    async fn refund_snapshot(&self, req: &CompleteRefundRequest) -> StoreResult<Snapshot<Refund>> {
+        let idempotency = &req.idempotency;
         self.db
             .run(async |conn| {
                 let key = sql_query(KEY_SNAPSHOT_SQL)
@@ -509,7 +502,7 @@ impl Backend for PgStore {
                     .get_result::<KeySnapshotRow>(conn)
                     .await
                     .context("read the idempotency key")?;
-                Ok(key.with_row(shared::refund(conn, &id.to_string()).await?))
+                Ok(key.with_row(shared::refund(conn, &req.refund_id.to_string()).await?))
             })
             .await
     }
@@ -561,16 +554,12 @@ impl Backend for PgStore {
         Ok(purged as u64)
     }
 
-    async fn hold_snapshot(
-        &self,
-        asset: &AssetId,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Snapshot<HoldTarget>> {
+    async fn hold_snapshot(&self, req: &HoldRequest) -> StoreResult<Snapshot<HoldTarget>> {
         self.snapshots
             .call((
-                asset.to_string(),
-                idempotency.scope.clone(),
-                idempotency.key.to_string(),
+                req.asset_id.to_string(),
+                req.idempotency.scope.clone(),
+                req.idempotency.key.to_string(),
             ))
             .await?
             .into_snapshot()
@@ -598,19 +587,15 @@ impl Backend for PgStore {
             .await
     }
 
-    async fn reservation_snapshot(
-        &self,
-        id: &ReservationId,
-        idempotency: &Idempotency,
-        payment: Option<PaymentKey<'_>>,
-    ) -> StoreResult<Snapshot<Reservation>> {
+    async fn reservation_snapshot(&self, target: Target<'_>) -> StoreResult<Snapshot<Reservation>> {
+        let (key, payment) = (target.idempotency, target.payment);
         self.db
             .run(async |conn| {
                 Prepared(
                     sql_query(RESERVATION_SNAPSHOT_SQL)
-                        .bind::<Text, _>(id.to_string())
-                        .bind::<Text, _>(&idempotency.scope)
-                        .bind::<Text, _>(idempotency.key.as_str())
+                        .bind::<Text, _>(target.id.to_string())
+                        .bind::<Text, _>(&key.scope)
+                        .bind::<Text, _>(key.key.as_str())
                         .bind::<Nullable<Text>, _>(payment.map(|p| p.scope))
                         .bind::<Nullable<Text>, _>(payment.map(|p| p.reference)),
                 )
@@ -622,23 +607,19 @@ impl Backend for PgStore {
             .await
     }
 
-    async fn load_reservation(
-        &self,
-        id: &ReservationId,
-        now: Timestamp,
-    ) -> StoreResult<Option<Reservation>> {
+    async fn reload(&self, id: &ReservationId, now: Timestamp) -> StoreResult<Reservation> {
+        let id = id.to_string();
         self.db
-            .run(async |conn| shared::load_reservation(conn, &id.to_string(), now, None).await)
+            .run(async |c| shared::reload(c, &id, now).await)
             .await
     }
 
-    async fn payment_fates(
-        &self,
-        scope: Option<&str>,
-        reference: &str,
-    ) -> StoreResult<(Timestamp, Vec<PaymentRow>)> {
-        self.read(async |c, now| Ok((now, shared::payment_fates(c, scope, reference).await?)))
-            .await
+    async fn payment_fates(&self, scope: Option<&str>, reference: &str) -> StoreResult<Fates> {
+        self.read(async |c, now| {
+            let rows = shared::payment_fates(c, scope, reference).await?;
+            Ok(Fates { now, rows })
+        })
+        .await
     }
 
     async fn transition<T: Send + 'static>(

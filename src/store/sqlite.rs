@@ -20,21 +20,20 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::error::{Abort, Context};
 use super::flow::{
-    expired_event, Assemble, Backend, Claim, HoldDraft, PaymentKey, Purge, Snapshot,
+    expired_event, Assemble, Backend, Claim, Fates, HoldDraft, Purge, Snapshot, Target,
 };
 use super::rows::{
     asset_snapshot, ClaimedRow, Count, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
-    NowAssetRow, PaymentRow, ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
+    NowAssetRow, ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
 };
 use super::schema::Instant;
 use super::statements::lite as shared;
 use super::{
-    Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, StoreError, StoreResult,
-    StoreSettings,
+    CompleteRefundRequest, Delivery, DeliveryResult, FeedCursor, FeedPage, HoldRequest,
+    Idempotency, PoolStatus, StoreError, StoreResult, StoreSettings,
 };
 use crate::domain::{
-    Asset, AssetId, Event, EventType, HoldTarget, Refund, RefundId, Reservation, ReservationId,
-    Timestamp,
+    Asset, AssetId, Event, EventType, HoldTarget, Refund, Reservation, ReservationId, Timestamp,
 };
 
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
@@ -315,17 +314,11 @@ where
     .map_err(|e| StoreError::unavailable(context, format!("the database task ended: {e}")))?
 }
 
-/// The event feed and the delivery of events. Writes are serialised, so
-/// position order is commit order.
-impl SqliteStore {
-    pub async fn event_feed(
-        &self,
-        after: FeedCursor,
-        limit: i64,
-        dead: bool,
-    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
+impl Backend for SqliteStore {
+    /// Writes are serialised, so position order is commit order.
+    async fn event_feed(&self, page: FeedPage) -> StoreResult<Vec<(FeedCursor, Event)>> {
         self.read("read the event feed", move |c| {
-            let sql = if dead {
+            let sql = if page.dead {
                 format!(
                     "SELECT 0 AS tx, position, {EVENT_COLUMNS} FROM events WHERE dead_at IS \
                     NOT NULL AND position > ? \
@@ -338,8 +331,8 @@ impl SqliteStore {
                 )
             };
             let rows = sql_query(sql)
-                .bind::<BigInt, _>(after.position)
-                .bind::<BigInt, _>(limit)
+                .bind::<BigInt, _>(page.after.position)
+                .bind::<BigInt, _>(page.limit)
                 .load::<FeedRow>(c)
                 .context("read the event feed")?;
             rows.into_iter().map(FeedRow::into_entry).collect()
@@ -347,11 +340,7 @@ impl SqliteStore {
         .await
     }
 
-    pub async fn claim_deliveries(
-        &self,
-        limit: i64,
-        lease: Duration,
-    ) -> StoreResult<Vec<Delivery>> {
+    async fn claim_deliveries(&self, limit: i64, lease: Duration) -> StoreResult<Vec<Delivery>> {
         let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(60));
         let rows = self
             .write("claim events to deliver", move |c| {
@@ -375,7 +364,7 @@ impl SqliteStore {
         rows.into_iter().map(ClaimedRow::into_delivery).collect()
     }
 
-    pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
+    async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
         let id = id.to_owned();
         let result = result.clone();
         self.write("record a delivery", move |c| {
@@ -415,15 +404,9 @@ impl SqliteStore {
         .await?
         .map_err(abort_to_error)
     }
-}
 
-impl Backend for SqliteStore {
-    async fn refund_snapshot(
-        &self,
-        id: &RefundId,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Snapshot<Refund>> {
-        let (id, idempotency) = (id.to_string(), idempotency.clone());
+    async fn refund_snapshot(&self, req: &CompleteRefundRequest) -> StoreResult<Snapshot<Refund>> {
+        let (id, idempotency) = (req.refund_id.to_string(), req.idempotency.clone());
         self.read("read the refund", move |c| {
             let key = sql_query(
                 "SELECT ? AS now, i.fingerprint, i.status_code, i.body, i.location \
@@ -489,12 +472,8 @@ impl Backend for SqliteStore {
         Ok(purged as u64)
     }
 
-    async fn hold_snapshot(
-        &self,
-        asset: &AssetId,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Snapshot<HoldTarget>> {
-        let (asset, idempotency) = (asset.to_string(), idempotency.clone());
+    async fn hold_snapshot(&self, req: &HoldRequest) -> StoreResult<Snapshot<HoldTarget>> {
+        let (asset, idempotency) = (req.asset_id.to_string(), req.idempotency.clone());
         self.read("read the asset to hold", move |c| {
             sql_query(
                 "SELECT ? AS now, a.status, a.hold_expires_at, a.available_from, \
@@ -591,15 +570,10 @@ impl Backend for SqliteStore {
         Abort::settle(result, Claim::Taken)
     }
 
-    async fn reservation_snapshot(
-        &self,
-        id: &ReservationId,
-        idempotency: &Idempotency,
-        payment: Option<PaymentKey<'_>>,
-    ) -> StoreResult<Snapshot<Reservation>> {
-        let (id, idempotency) = (id.to_string(), idempotency.clone());
-        let scope = payment.map(|p| p.scope.to_owned());
-        let reference = payment.map(|p| p.reference.to_owned());
+    async fn reservation_snapshot(&self, target: Target<'_>) -> StoreResult<Snapshot<Reservation>> {
+        let (id, idempotency) = (target.id.to_string(), target.idempotency.clone());
+        let scope = target.payment.map(|p| p.scope.to_owned());
+        let reference = target.payment.map(|p| p.reference.to_owned());
         self.read("read the reservation", move |c| {
             sql_query(RESERVATION_SNAPSHOT_SQL)
                 .bind::<Instant, _>(clock())
@@ -615,31 +589,20 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn payment_fates(
-        &self,
-        scope: Option<&str>,
-        reference: &str,
-    ) -> StoreResult<(Timestamp, Vec<PaymentRow>)> {
+    async fn payment_fates(&self, scope: Option<&str>, reference: &str) -> StoreResult<Fates> {
         let (scope, reference) = (scope.map(str::to_owned), reference.to_owned());
         self.read("read a payment", move |c| {
-            Ok((
-                clock(),
-                shared::payment_fates(c, scope.as_deref(), &reference)?,
-            ))
+            let now = clock();
+            let rows = shared::payment_fates(c, scope.as_deref(), &reference)?;
+            Ok(Fates { now, rows })
         })
         .await
     }
 
-    async fn load_reservation(
-        &self,
-        id: &ReservationId,
-        now: Timestamp,
-    ) -> StoreResult<Option<Reservation>> {
+    async fn reload(&self, id: &ReservationId, now: Timestamp) -> StoreResult<Reservation> {
         let id = id.to_string();
-        self.read("read a reservation", move |c| {
-            shared::load_reservation(c, &id, now, None)
-        })
-        .await
+        self.read("read a reservation", move |c| shared::reload(c, &id, now))
+            .await
     }
 
     async fn transition<T: Send + 'static>(

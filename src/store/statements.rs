@@ -66,7 +66,7 @@ use super::rows::{
 use super::schema::{
     assets, events, idempotency_keys, payments, refunds, reservations, At, Instant,
 };
-use super::{AssetPage, Idempotency, RefundPage, ReservationPage, StoreResult};
+use super::{AssetPage, Idempotency, RefundPage, ReservationPage, StoreError, StoreResult};
 use crate::domain::{
     extension_allowed, Asset, AssetId, AssetStatus, Event, Refund, Reservation, ReservationStatus,
     Timestamp,
@@ -157,6 +157,13 @@ both! {
             .load::<RefundRow>(conn))
         .context("read a reservation's refunds")?;
         Ok(with_refunds(vec![row], refund_rows, now)?.pop())
+    }
+
+    /// A reservation read before (so it exists) read again: see
+    /// [`load_reservation`].
+    fn reload(conn, id: &str, now: Timestamp) -> StoreResult<Reservation> {
+        exec!(load_reservation(conn, id, now, None))?
+            .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))
     }
 
     /// One page of reservations, newest first, with their refunds.
