@@ -20,14 +20,9 @@ use crate::telemetry::count;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAssetRequest {
-    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "EQ-88392")]
+    #[schema(schema_with = AssetId::schema)]
     pub id: String,
-    #[schema(
-        min_length = 1,
-        max_length = 255,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\x9F][^\\x00-\\x1F\\x7F-\\x9F]*$",
-        example = "Caterpillar 320 excavator"
-    )]
+    #[schema(schema_with = Asset::name_schema)]
     pub name: String,
     /// When the sale opens (RFC 3339); holds before it answer 409 SALE_NOT_OPEN.
     #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-01T09:00:00Z")]
@@ -79,13 +74,12 @@ fn parse_instant(text: &str) -> Result<Timestamp, String> {
     Ok(instant)
 }
 
-const NAME_MAX: usize = 255;
-
 fn parse_name(name: &str) -> Result<String, String> {
     let n = name.chars().count();
-    if n == 0 || n > NAME_MAX || name.chars().all(|c| c == ' ') {
+    if n == 0 || n > Asset::NAME_MAX || name.chars().all(|c| c == ' ') {
         return Err(format!(
-            "must be 1 to {NAME_MAX} characters, not only spaces"
+            "must be 1 to {} characters, not only spaces",
+            Asset::NAME_MAX
         ));
     }
     if name.chars().any(char::is_control) {

@@ -20,8 +20,8 @@ macro_rules! path_param {
         $name:ident($inner:ty): $param:literal,
         parse = $parse:expr,
         missing = $missing:path,
-        pattern = $pattern:literal,
-        description = $description:literal $(,)?
+        pattern = $pattern:expr,
+        description = $description:expr $(,)?
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone)]
@@ -53,6 +53,21 @@ macro_rules! path_param {
             }
         }
     };
+    // An id of a prefix and a ULID: its type parses and patterns it.
+    (
+        $(#[$meta:meta])*
+        $name:ident($inner:ident): $param:literal,
+        missing = $missing:path $(,)?
+    ) => {
+        path_param!(
+            $(#[$meta])*
+            $name($inner): $param,
+            parse = $inner::parse,
+            missing = $missing,
+            pattern = $inner::PATTERN,
+            description = format!("{} followed by a ULID", $inner::PREFIX),
+        );
+    };
 }
 
 path_param!(
@@ -60,35 +75,26 @@ path_param!(
     AssetPath(AssetId): "asset_id",
     parse = |s| AssetId::parse(s).ok(),
     missing = reply::asset_not_found,
-    pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+    pattern = AssetId::PATTERN,
     description = "The asset's id",
 );
 
 path_param!(
     /// `{reservation_id}`.
     ReservationPath(ReservationId): "reservation_id",
-    parse = ReservationId::parse,
     missing = reply::reservation_not_found,
-    pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$",
-    description = "res_ followed by a ULID",
 );
 
 path_param!(
     /// `{refund_id}`.
     RefundPath(RefundId): "refund_id",
-    parse = RefundId::parse,
     missing = reply::refund_not_found,
-    pattern = "^rf_[0-9A-HJKMNP-TV-Z]{26}$",
-    description = "rf_ followed by a ULID",
 );
 
 path_param!(
     /// `{event_id}`.
     EventPath(EventId): "event_id",
-    parse = EventId::parse,
     missing = reply::event_not_found,
-    pattern = "^evt_[0-9A-HJKMNP-TV-Z]{26}$",
-    description = "evt_ followed by a ULID",
 );
 
 path_param!(

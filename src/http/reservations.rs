@@ -3,6 +3,7 @@
 
 use actix_web::{get, post, web};
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::schema::ObjectBuilder;
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
@@ -11,7 +12,8 @@ use super::extract::{checked, cursor_of, page_of, KeyedRequest, PageQuery, Valid
 use super::paths::{AssetPath, ReservationPath};
 use super::{LateCommit, State};
 use crate::domain::{
-    AssetId, BuyerId, PaymentReference, RefundReason, Reservation, ReservationId, ReservationStatus,
+    printable_schema, AssetId, BuyerId, PaymentReference, RefundReason, Reservation, ReservationId,
+    ReservationStatus,
 };
 use crate::reply::{self, Reply};
 use crate::store::{
@@ -23,13 +25,7 @@ use crate::store::{
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HoldAssetRequest {
-    /// The buyer, opaque to holdfast: 1 to 64 characters, no control characters.
-    #[schema(
-        min_length = 1,
-        max_length = 64,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$",
-        example = "buyer-4411"
-    )]
+    #[schema(schema_with = buyer_id)]
     pub buyer_id: String,
     /// Hold length in seconds, default 600 (HOLDFAST_HOLD_SECONDS), within
     /// HOLDFAST_HOLD_SECONDS_MIN..=HOLDFAST_HOLD_SECONDS_MAX (by default 30..=3600,
@@ -42,16 +38,22 @@ pub struct HoldAssetRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommitReservationRequest {
-    /// 1 to 128 characters, no control characters. Has exactly one fate: it
-    /// buys one reservation, or it is refunded once. Scoped by the payments
-    /// client's API key name.
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$",
-        example = "pay_7Hq2x9"
-    )]
+    #[schema(schema_with = payment_reference)]
     pub payment_reference: String,
+}
+
+fn buyer_id() -> ObjectBuilder {
+    printable_schema(BuyerId::MAX_LEN, "buyer-4411").description(Some(
+        "The buyer, opaque to holdfast: 1 to 64 characters, no control characters.",
+    ))
+}
+
+fn payment_reference() -> ObjectBuilder {
+    printable_schema(PaymentReference::MAX_LEN, "pay_7Hq2x9").description(Some(
+        "1 to 128 characters, no control characters. Has exactly one fate: it\n\
+         buys one reservation, or it is refunded once. Scoped by the payments\n\
+         client's API key name.",
+    ))
 }
 
 /// Release takes no body, or `{}`.
