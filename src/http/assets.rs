@@ -7,14 +7,13 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{respond, ApiError, ApiResult};
+use super::error::{respond, Answers, ApiError, ApiResult};
 use super::extract::{cursor_of, page_of, JsonBody, PageQuery, Validator};
 use super::paths::AssetPath;
 use super::State;
 use crate::domain::{Asset, AssetId, AssetStatus, Event, Timestamp};
 use crate::reply::{self, ErrorCode, Problem, Reply};
 use crate::store::{AssetPage, ReinstateOutcome, WithdrawOutcome};
-use crate::telemetry::count;
 
 /// A new asset.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -164,8 +163,9 @@ pub async fn update_asset(
     }
 }
 
-const WITHDRAWALS: &str = "holdfast_withdrawals_total";
-const REINSTATEMENTS: &str = "holdfast_reinstatements_total";
+const WITHDRAWALS: Answers = Answers::new("holdfast_withdrawals_total", reply::asset_not_found);
+const REINSTATEMENTS: Answers =
+    Answers::new("holdfast_reinstatements_total", reply::asset_not_found);
 
 /// Take an asset off sale.
 ///
@@ -190,29 +190,18 @@ pub async fn withdraw_asset(
 ) -> ApiResult {
     let id = asset.0;
     let force = body.value.force;
-    match state.store.withdraw(&id, force, &caller.name).await? {
-        WithdrawOutcome::Withdrawn(asset) => {
-            count(WITHDRAWALS, "withdrawn");
-            tracing::info!(asset_id = %asset.id, force, "asset withdrawn");
-            Ok(respond(Reply::json(200, &asset)))
-        }
-        WithdrawOutcome::Unchanged(asset) => {
-            count(WITHDRAWALS, "unchanged");
-            Ok(respond(Reply::json(200, &asset)))
-        }
-        WithdrawOutcome::Held(asset) => {
-            count(WITHDRAWALS, "held");
-            Err(reply::asset_held(&asset).into())
-        }
-        WithdrawOutcome::Sold(asset) => {
-            count(WITHDRAWALS, "sold");
-            Err(reply::asset_sold(&asset).into())
-        }
-        WithdrawOutcome::NotFound => {
-            count(WITHDRAWALS, "not_found");
-            Err(reply::asset_not_found().into())
-        }
-    }
+    WITHDRAWALS.send(
+        match state.store.withdraw(&id, force, &caller.name).await? {
+            WithdrawOutcome::Withdrawn(asset) => {
+                tracing::info!(asset_id = %asset.id, force, "asset withdrawn");
+                ("withdrawn", Reply::json(200, &asset))
+            }
+            WithdrawOutcome::Unchanged(asset) => ("unchanged", Reply::json(200, &asset)),
+            WithdrawOutcome::Held(asset) => ("held", reply::asset_held(&asset).into_reply()),
+            WithdrawOutcome::Sold(asset) => ("sold", reply::asset_sold(&asset).into_reply()),
+            WithdrawOutcome::NotFound => WITHDRAWALS.not_found(),
+        },
+    )
 }
 
 /// Put a withdrawn asset back on sale (AVAILABLE). Any other asset is
@@ -233,21 +222,14 @@ pub async fn reinstate_asset(
     _body: JsonBody<ReinstateAssetRequest, true>,
 ) -> ApiResult {
     let id = asset.0;
-    match state.store.reinstate(&id, &caller.name).await? {
+    REINSTATEMENTS.send(match state.store.reinstate(&id, &caller.name).await? {
         ReinstateOutcome::Reinstated(asset) => {
-            count(REINSTATEMENTS, "reinstated");
             tracing::info!(asset_id = %asset.id, "asset reinstated");
-            Ok(respond(Reply::json(200, &asset)))
+            ("reinstated", Reply::json(200, &asset))
         }
-        ReinstateOutcome::Unchanged(asset) => {
-            count(REINSTATEMENTS, "unchanged");
-            Ok(respond(Reply::json(200, &asset)))
-        }
-        ReinstateOutcome::NotFound => {
-            count(REINSTATEMENTS, "not_found");
-            Err(reply::asset_not_found().into())
-        }
-    }
+        ReinstateOutcome::Unchanged(asset) => ("unchanged", Reply::json(200, &asset)),
+        ReinstateOutcome::NotFound => REINSTATEMENTS.not_found(),
+    })
 }
 
 /// Read an asset with its effective status.

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{keyed, respond, ApiResult};
+use super::error::{respond, Answers, ApiResult};
 use super::extract::{page_of, KeyedRequest, PageQuery, Validator};
 use super::paths::RefundPath;
 use super::State;
@@ -76,6 +76,9 @@ pub async fn list_refunds(
     )))
 }
 
+const COMPLETIONS: Answers =
+    Answers::new("holdfast_refund_completions_total", reply::refund_not_found);
+
 /// The payment system reports a refund paid back: REQUESTED becomes COMPLETED.
 #[utoipa::path(
     tag = "refunds",
@@ -96,20 +99,12 @@ pub async fn complete_refund(
         idempotency: request.idempotency,
     };
     let outcome = state.store.complete_refund(&request).await?;
-    let metric = "holdfast_refund_completions_total";
-    keyed(
-        metric,
-        outcome,
-        reply::refund_not_found,
-        |completed| match completed {
-            CompleteRefundOutcome::Completed(reply) => {
-                metrics::counter!("holdfast_refunds_completed_total").increment(1);
-                tracing::info!(refund_id = %request.refund_id, "refund completed");
-                ("completed", reply)
-            }
-            CompleteRefundOutcome::AlreadyCompleted(refund) => {
-                ("unchanged", Reply::json(200, &refund))
-            }
-        },
-    )
+    COMPLETIONS.keyed(outcome, |completed| match completed {
+        CompleteRefundOutcome::Completed(reply) => {
+            metrics::counter!("holdfast_refunds_completed_total").increment(1);
+            tracing::info!(refund_id = %request.refund_id, "refund completed");
+            ("completed", reply)
+        }
+        CompleteRefundOutcome::AlreadyCompleted(refund) => ("unchanged", Reply::json(200, &refund)),
+    })
 }

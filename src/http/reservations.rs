@@ -7,7 +7,7 @@ use utoipa::openapi::schema::ObjectBuilder;
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{keyed, respond, ApiResult};
+use super::error::{respond, Answers, ApiResult};
 use super::extract::{checked, cursor_of, page_of, KeyedRequest, PageQuery, Validator};
 use super::paths::{AssetPath, ReservationPath};
 use super::{LateCommit, State};
@@ -102,7 +102,7 @@ pub async fn hold_asset(
         idempotency: request.idempotency,
     };
     let outcome = state.store.hold(&request).await?;
-    keyed(HOLDS, outcome, reply::asset_not_found, |held| match held {
+    HOLDS.keyed(outcome, |held| match held {
         HoldOutcome::Created(reply) => {
             let buyer = request.buyer_id.as_str();
             let location = reply.location.as_deref();
@@ -200,37 +200,32 @@ pub async fn commit_reservation(
         accept_late: state.api.late_commit == LateCommit::AcceptIfFree,
     };
     let outcome = state.store.commit(&request).await?;
-    keyed(
-        COMMITS,
-        outcome,
-        reply::reservation_not_found,
-        |committed| match committed {
-            CommitOutcome::Committed(reply) => {
-                tracing::info!("reservation committed; asset sold");
-                ("committed", reply)
-            }
-            CommitOutcome::CommittedLate(reply) => {
-                tracing::info!("late payment accepted; asset was free and is sold");
-                ("committed_late", reply)
-            }
-            CommitOutcome::Refunded { reply, reason } => {
-                metrics::counter!("holdfast_refunds_requested_total", "reason" => reason.as_str())
-                    .increment(1);
-                tracing::info!(reason = reason.as_str(), "commit refused; refund requested");
-                (refusal(reason), reply)
-            }
-            CommitOutcome::Refused { reply, reason } => (refusal(reason), reply),
-            CommitOutcome::SaleVoided(reply) => ("not_active", reply),
-            CommitOutcome::AlreadyCommitted(r) => ("unchanged", reply::reservation_ok(&r)),
-            CommitOutcome::PaymentReferenceUsed {
-                reservation,
-                payment,
-            } => (
-                "payment_reference_used",
-                reply::payment_reference_used(&reservation, &payment).into_reply(),
-            ),
-        },
-    )
+    COMMITS.keyed(outcome, |committed| match committed {
+        CommitOutcome::Committed(reply) => {
+            tracing::info!("reservation committed; asset sold");
+            ("committed", reply)
+        }
+        CommitOutcome::CommittedLate(reply) => {
+            tracing::info!("late payment accepted; asset was free and is sold");
+            ("committed_late", reply)
+        }
+        CommitOutcome::Refunded { reply, reason } => {
+            metrics::counter!("holdfast_refunds_requested_total", "reason" => reason.as_str())
+                .increment(1);
+            tracing::info!(reason = reason.as_str(), "commit refused; refund requested");
+            (refusal(reason), reply)
+        }
+        CommitOutcome::Refused { reply, reason } => (refusal(reason), reply),
+        CommitOutcome::SaleVoided(reply) => ("not_active", reply),
+        CommitOutcome::AlreadyCommitted(r) => ("unchanged", reply::reservation_ok(&r)),
+        CommitOutcome::PaymentReferenceUsed {
+            reservation,
+            payment,
+        } => (
+            "payment_reference_used",
+            reply::payment_reference_used(&reservation, &payment).into_reply(),
+        ),
+    })
 }
 
 /// Release a hold: the asset is AVAILABLE at once.
@@ -255,21 +250,16 @@ pub async fn release_reservation(
         idempotency: request.idempotency,
     };
     let outcome = state.store.release(&request).await?;
-    keyed(
-        RELEASES,
-        outcome,
-        reply::reservation_not_found,
-        |released| match released {
-            ReleaseOutcome::Released(reply) => {
-                tracing::info!("reservation released; asset available");
-                ("released", reply)
-            }
-            ReleaseOutcome::AlreadyReleased(r) => ("unchanged", reply::reservation_ok(&r)),
-            ReleaseOutcome::NotActive(r) => {
-                ("not_active", reply::reservation_not_active(&r).into_reply())
-            }
-        },
-    )
+    RELEASES.keyed(outcome, |released| match released {
+        ReleaseOutcome::Released(reply) => {
+            tracing::info!("reservation released; asset available");
+            ("released", reply)
+        }
+        ReleaseOutcome::AlreadyReleased(r) => ("unchanged", reply::reservation_ok(&r)),
+        ReleaseOutcome::NotActive(r) => {
+            ("not_active", reply::reservation_not_active(&r).into_reply())
+        }
+    })
 }
 
 /// How much longer a live hold should run.
@@ -317,24 +307,19 @@ pub async fn extend_reservation(
         idempotency: request.idempotency,
     };
     let outcome = state.store.extend(&request).await?;
-    keyed(
-        EXTENSIONS,
-        outcome,
-        reply::reservation_not_found,
-        |extended| match extended {
-            ExtendOutcome::Extended(reply) => {
-                tracing::info!(hold_seconds, "hold extended");
-                ("extended", reply)
-            }
-            ExtendOutcome::NotActive(r) => {
-                ("not_active", reply::reservation_not_active(&r).into_reply())
-            }
-            ExtendOutcome::LimitReached(r) => (
-                "limit_reached",
-                reply::hold_extension_limit(&r, request.max_total_seconds).into_reply(),
-            ),
-        },
-    )
+    EXTENSIONS.keyed(outcome, |extended| match extended {
+        ExtendOutcome::Extended(reply) => {
+            tracing::info!(hold_seconds, "hold extended");
+            ("extended", reply)
+        }
+        ExtendOutcome::NotActive(r) => {
+            ("not_active", reply::reservation_not_active(&r).into_reply())
+        }
+        ExtendOutcome::LimitReached(r) => (
+            "limit_reached",
+            reply::hold_extension_limit(&r, request.max_total_seconds).into_reply(),
+        ),
+    })
 }
 
 /// Voiding takes no body, `{}`, or `{"refund": false}`.
@@ -389,21 +374,14 @@ pub async fn void_reservation(
         idempotency: request.idempotency,
     };
     let outcome = state.store.void(&request).await?;
-    keyed(
-        VOIDS,
-        outcome,
-        reply::reservation_not_found,
-        |voided| match voided {
-            VoidOutcome::Voided(reply) => {
-                tracing::info!(refund = request.refund, "sale voided; asset available");
-                ("voided", reply)
-            }
-            VoidOutcome::AlreadyVoided(r) => ("unchanged", reply::reservation_ok(&r)),
-            VoidOutcome::NotActive(r) => {
-                ("not_active", reply::reservation_not_active(&r).into_reply())
-            }
-        },
-    )
+    VOIDS.keyed(outcome, |voided| match voided {
+        VoidOutcome::Voided(reply) => {
+            tracing::info!(refund = request.refund, "sale voided; asset available");
+            ("voided", reply)
+        }
+        VoidOutcome::AlreadyVoided(r) => ("unchanged", reply::reservation_ok(&r)),
+        VoidOutcome::NotActive(r) => ("not_active", reply::reservation_not_active(&r).into_reply()),
+    })
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -478,11 +456,11 @@ pub async fn list_reservations(
     )))
 }
 
-const HOLDS: &str = "holdfast_holds_total";
-const COMMITS: &str = "holdfast_commits_total";
-const RELEASES: &str = "holdfast_releases_total";
-const EXTENSIONS: &str = "holdfast_extensions_total";
-const VOIDS: &str = "holdfast_voids_total";
+const HOLDS: Answers = Answers::new("holdfast_holds_total", reply::asset_not_found);
+const COMMITS: Answers = Answers::new("holdfast_commits_total", reply::reservation_not_found);
+const RELEASES: Answers = Answers::new("holdfast_releases_total", reply::reservation_not_found);
+const EXTENSIONS: Answers = Answers::new("holdfast_extensions_total", reply::reservation_not_found);
+const VOIDS: Answers = Answers::new("holdfast_voids_total", reply::reservation_not_found);
 
 /// Names the reservation and key in the request's span.
 fn record_reservation(id: ReservationId, idempotency: &Idempotency) -> ReservationId {
