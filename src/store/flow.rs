@@ -387,6 +387,8 @@ fn answered_with(event_type: EventType) -> Assemble<Reply> {
 /// takes along.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Target<'a> {
+    /// What the request does, for its 503 when the row keeps changing.
+    context: &'static str,
     pub id: &'a ReservationId,
     pub idempotency: &'a Idempotency,
     /// Only reservations of this owner exist for the caller; `None` sees all.
@@ -396,16 +398,29 @@ pub(crate) struct Target<'a> {
 }
 
 impl<'a> Target<'a> {
-    fn new(
-        id: &'a ReservationId,
-        idempotency: &'a Idempotency,
-        visible_to: Option<&'a String>,
-    ) -> Self {
+    fn new(context: &'static str, id: &'a ReservationId, idempotency: &'a Idempotency) -> Self {
         Self {
+            context,
             id,
             idempotency,
-            visible_to,
+            visible_to: None,
             payment: None,
+        }
+    }
+
+    /// Only a reservation of this owner exists for the caller (`None`: all do).
+    fn visible_to(self, owner: Option<&'a String>) -> Self {
+        Self {
+            visible_to: owner,
+            ..self
+        }
+    }
+
+    /// The fate of this payment is read with the reservation.
+    fn paying(self, payment: PaymentKey<'a>) -> Self {
+        Self {
+            payment: Some(payment),
+            ..self
         }
     }
 
@@ -415,12 +430,10 @@ impl<'a> Target<'a> {
     /// snapshot's clock, with the fate of the target's payment). While `act`
     /// answers `None` (its write found the state moved), the reservation is
     /// read again and decided again.
-    async fn act<B: Backend, T>(
-        self,
-        backend: &B,
-        context: &'static str,
-        mut act: impl AsyncFnMut(Reservation, Timestamp, Option<PaymentFate>) -> StoreResult<Option<T>>,
-    ) -> StoreResult<Keyed<T>> {
+    async fn act<B: Backend, T, A>(self, backend: &B, mut act: A) -> StoreResult<Keyed<T>>
+    where
+        A: AsyncFnMut(Reservation, Timestamp, Option<PaymentFate>) -> StoreResult<Option<T>>,
+    {
         for _ in 0..MAX_ATTEMPTS {
             let snap = backend.reservation_snapshot(self).await?;
             if let Some(stored) = snap.stored {
@@ -437,7 +450,7 @@ impl<'a> Target<'a> {
                 return Ok(Keyed::Done(outcome));
             }
         }
-        Err(contention(context))
+        Err(contention(self.context))
     }
 }
 
@@ -445,200 +458,466 @@ fn contention(context: &'static str) -> StoreError {
     StoreError::unavailable(context, "the row kept changing under concurrent requests")
 }
 
-pub(crate) async fn hold<B: Backend>(
-    backend: &B,
-    req: &HoldRequest,
-) -> StoreResult<Keyed<HoldOutcome>> {
-    for _ in 0..MAX_ATTEMPTS {
-        let snap = backend.hold_snapshot(req).await?;
-        if let Some(stored) = snap.stored {
-            return Ok(answered(stored, &req.idempotency));
-        }
-        let reclaim = match hold_decision(snap.row, snap.now) {
-            HoldDecision::NotFound => return Ok(Keyed::NotFound),
-            HoldDecision::SaleNotOpen { available_from } => {
-                return Ok(Keyed::Done(HoldOutcome::SaleNotOpen { available_from }))
+/// The use cases, each written once for every backend: read a snapshot,
+/// decide by the domain rules, and hand the backend the change to make.
+pub(crate) trait UseCases: Backend + Sync + Sized {
+    async fn hold(&self, req: &HoldRequest) -> StoreResult<Keyed<HoldOutcome>> {
+        for _ in 0..MAX_ATTEMPTS {
+            let snap = self.hold_snapshot(req).await?;
+            if let Some(stored) = snap.stored {
+                return Ok(answered(stored, &req.idempotency));
             }
-            HoldDecision::Unavailable {
-                status,
-                hold_expires_at,
-            } => {
-                return Ok(Keyed::Done(HoldOutcome::Unavailable {
+            let reclaim = match hold_decision(snap.row, snap.now) {
+                HoldDecision::NotFound => return Ok(Keyed::NotFound),
+                HoldDecision::SaleNotOpen { available_from } => {
+                    return Ok(Keyed::Done(HoldOutcome::SaleNotOpen { available_from }))
+                }
+                HoldDecision::Unavailable {
                     status,
                     hold_expires_at,
-                }))
+                } => {
+                    return Ok(Keyed::Done(HoldOutcome::Unavailable {
+                        status,
+                        hold_expires_at,
+                    }))
+                }
+                HoldDecision::Claim => false,
+                HoldDecision::Reclaim => true,
+            };
+            let reservation = Reservation::held(
+                ReservationId::generate().to_string(),
+                &req.asset_id,
+                &req.buyer_id,
+                &req.owner,
+                snap.now,
+                snap.now + Duration::seconds(req.hold_seconds),
+            );
+            let draft = HoldDraft {
+                request: req,
+                reply: reply::hold_created(&reservation),
+                reservation,
+                event_id: EventId::generate(),
+            };
+            match self.claim(&draft, reclaim).await {
+                Ok(Claim::Claimed) => return Ok(Keyed::Done(HoldOutcome::Created(draft.reply))),
+                Ok(Claim::LimitReached) => {
+                    return Ok(Keyed::Done(HoldOutcome::LimitReached {
+                        limit: req.max_live_holds.unwrap_or_default(),
+                    }))
+                }
+                // Taken meanwhile, or the key was used concurrently: look again.
+                Ok(Claim::Taken) => continue,
+                Err(e) if is_unique_violation(&e) => continue,
+                Err(e) => return Err(e),
             }
-            HoldDecision::Claim => false,
-            HoldDecision::Reclaim => true,
-        };
-        let reservation = Reservation::held(
-            ReservationId::generate().to_string(),
-            &req.asset_id,
-            &req.buyer_id,
-            &req.owner,
-            snap.now,
-            snap.now + Duration::seconds(req.hold_seconds),
-        );
-        let draft = HoldDraft {
-            request: req,
-            reply: reply::hold_created(&reservation),
-            reservation,
-            event_id: EventId::generate(),
-        };
-        match backend.claim(&draft, reclaim).await {
-            Ok(Claim::Claimed) => return Ok(Keyed::Done(HoldOutcome::Created(draft.reply))),
-            Ok(Claim::LimitReached) => {
-                return Ok(Keyed::Done(HoldOutcome::LimitReached {
-                    limit: req.max_live_holds.unwrap_or_default(),
-                }))
-            }
-            // Taken meanwhile, or the key was used concurrently: look again.
-            Ok(Claim::Taken) => continue,
-            Err(e) if is_unique_violation(&e) => continue,
-            Err(e) => return Err(e),
         }
+        Err(contention("hold the asset"))
     }
-    Err(contention("hold the asset"))
+
+    async fn commit(&self, req: &CommitRequest) -> StoreResult<Keyed<CommitOutcome>> {
+        let payment = PaymentKey {
+            scope: &req.payment_scope,
+            reference: req.payment_reference.as_str(),
+        };
+        // The sale of the reservation for the payment: of its live hold, or
+        // with `late`, of its lapsed one.
+        let sell = async |reservation, late| {
+            let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
+            let change = if late {
+                Change::CommitLate {
+                    reservation,
+                    scope,
+                    reference,
+                }
+            } else {
+                Change::Commit {
+                    reservation,
+                    scope,
+                    reference,
+                }
+            };
+            let sold = answered_with(EventType::ReservationCommitted);
+            self.transition(change, Some(&req.idempotency), sold).await
+        };
+        let mut late_refused = !req.accept_late;
+        Target::new(
+            "commit the reservation",
+            &req.reservation_id,
+            &req.idempotency,
+        )
+        .paying(payment)
+        .act(self, async |reservation, now, fate| {
+            let id = reservation.reservation_id.clone();
+            // Every write below either lands, or finds the state moved (a
+            // lost race, a key or a payment taken by a concurrent request)
+            // and reads again: the payments table's key decides, not this read.
+            let written = match commit_decision(&id, reservation.status, fate.as_ref()) {
+                CommitDecision::Commit => {
+                    let written = sell(reservation, false).await;
+                    written.map(|reply| reply.map(CommitOutcome::Committed))
+                }
+                CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
+                    let written = sell(reservation, true).await;
+                    if let Ok(None) = written {
+                        // Taken meanwhile: the payment is refunded instead.
+                        late_refused = true;
+                    }
+                    written.map(|reply| reply.map(CommitOutcome::CommittedLate))
+                }
+                CommitDecision::Refuse(reason) => {
+                    let (scope, reference) = (payment.scope, payment.reference);
+                    let refund = Refund::requested(&reservation, scope, reference, reason, now);
+                    let change = Change::Refund {
+                        reservation,
+                        refund,
+                    };
+                    let refused = refused_with(reason);
+                    let written = self.transition(change, Some(&req.idempotency), refused);
+                    let written = written.await;
+                    written
+                        .map(|reply| reply.map(|reply| CommitOutcome::Refunded { reply, reason }))
+                }
+                CommitDecision::AlreadyCommittedWithThisPayment => {
+                    let current = self.reload(&req.reservation_id, now).await?;
+                    return Ok(Some(CommitOutcome::AlreadyCommitted(current)));
+                }
+                CommitDecision::RefundedBefore => {
+                    let current = self.reload(&req.reservation_id, now).await?;
+                    let refund_id = fate.and_then(|f| f.refund_id);
+                    let refund = current
+                        .refunds
+                        .iter()
+                        .find(|r| Some(&r.refund_id) == refund_id.as_ref())
+                        .cloned()
+                        .ok_or_else(|| {
+                            StoreError::Corrupt(format!(
+                                "the refund of reservation {id} for this payment vanished"
+                            ))
+                        })?;
+                    let reason = refund.reason;
+                    let reply = reply::commit_refused(reason, &current, &refund).into_reply();
+                    return Ok(Some(CommitOutcome::Refused { reply, reason }));
+                }
+                CommitDecision::SaleVoided => {
+                    let current = self.reload(&req.reservation_id, now).await?;
+                    let refund = own_refund(&current, payment);
+                    let reply = reply::sale_voided(&current, refund).into_reply();
+                    return Ok(Some(CommitOutcome::SaleVoided(reply)));
+                }
+                CommitDecision::UsedElsewhere => {
+                    let current = self.reload(&req.reservation_id, now).await?;
+                    let scope = Some(payment.scope);
+                    let mut fates = self.payments(scope, &req.payment_reference).await?;
+                    // Its fate went away between two reads: impossible
+                    // unless rows were deleted by hand; read again.
+                    return Ok(fates.pop().map(|(_, payment)| {
+                        CommitOutcome::PaymentReferenceUsed {
+                            reservation: Box::new(current),
+                            payment: Box::new(payment),
+                        }
+                    }));
+                }
+            };
+            moved_on_conflict(written)
+        })
+        .await
+    }
+
+    /// The fates of `reference` with their reservation and refund: in `scope`,
+    /// or in every scope.
+    async fn payments(
+        &self,
+        scope: Option<&str>,
+        reference: &PaymentReference,
+    ) -> StoreResult<Vec<(String, Payment)>> {
+        let Fates { now, rows } = self.payment_fates(scope, reference.as_str()).await?;
+        let mut found = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id = super::rows::parse_reservation_id(&row.reservation_id)?;
+            let reservation = self.reload(&id, now).await?;
+            let key = PaymentKey {
+                scope: &row.scope,
+                reference: &row.reference,
+            };
+            let refund = match &row.refund_id {
+                Some(refund_id) => reservation
+                    .refunds
+                    .iter()
+                    .find(|r| &r.refund_id == refund_id)
+                    .cloned(),
+                None => own_refund(&reservation, key).cloned(),
+            };
+            let payment = Payment {
+                payment_reference: row.reference.clone(),
+                fate: if row.refund_id.is_some() {
+                    PaymentOutcome::Refunded
+                } else {
+                    PaymentOutcome::Bought
+                },
+                reservation,
+                refund,
+            };
+            found.push((row.scope, payment));
+        }
+        Ok(found)
+    }
+
+    async fn release(&self, req: &ReleaseRequest) -> StoreResult<Keyed<ReleaseOutcome>> {
+        Target::new(
+            "release the reservation",
+            &req.reservation_id,
+            &req.idempotency,
+        )
+        .visible_to(req.visible_to.as_ref())
+        .act(self, async |reservation, now, _| {
+            let unchanged = match release_decision(reservation.status) {
+                ReleaseDecision::Release => {
+                    let change = Change::Release { reservation };
+                    let assemble = answered_with(EventType::ReservationReleased);
+                    let written = keyed_write(self, change, &req.idempotency, assemble).await?;
+                    return Ok(written.map(ReleaseOutcome::Released));
+                }
+                ReleaseDecision::AlreadyReleased => ReleaseOutcome::AlreadyReleased,
+                ReleaseDecision::NotActive => ReleaseOutcome::NotActive,
+            };
+            let current = self.reload(&req.reservation_id, now).await?;
+            Ok(Some(unchanged(current)))
+        })
+        .await
+    }
+
+    async fn extend(&self, req: &ExtendRequest) -> StoreResult<Keyed<ExtendOutcome>> {
+        Target::new("extend the hold", &req.reservation_id, &req.idempotency)
+            .visible_to(req.visible_to.as_ref())
+            .act(self, async |reservation, now, _| {
+                let until = now + Duration::seconds(req.hold_seconds);
+                let refused = if reservation.status != ReservationStatus::Held {
+                    ExtendOutcome::NotActive
+                } else if !extension_allowed(reservation.created_at, until, req.max_total_seconds) {
+                    ExtendOutcome::LimitReached
+                } else {
+                    let change = Change::Extend {
+                        reservation,
+                        hold_seconds: req.hold_seconds,
+                        max_total_seconds: req.max_total_seconds,
+                    };
+                    let assemble = answered_with(EventType::ReservationExtended);
+                    let written = keyed_write(self, change, &req.idempotency, assemble).await?;
+                    return Ok(written.map(ExtendOutcome::Extended));
+                };
+                let current = self.reload(&req.reservation_id, now).await?;
+                Ok(Some(refused(current)))
+            })
+            .await
+    }
+
+    async fn void(&self, req: &VoidRequest) -> StoreResult<Keyed<VoidOutcome>> {
+        Target::new("void the sale", &req.reservation_id, &req.idempotency)
+            .act(self, async |reservation, now, _| {
+                let unchanged = match reservation.status {
+                    ReservationStatus::Committed => {
+                        // Part of the payment's one fate: it bought this sale.
+                        let refund = match (
+                            req.refund,
+                            &reservation.payment_scope,
+                            &reservation.payment_reference,
+                        ) {
+                            (true, Some(scope), Some(payment)) => Some(Refund::requested(
+                                &reservation,
+                                scope,
+                                payment,
+                                RefundReason::SaleVoided,
+                                now,
+                            )),
+                            _ => None,
+                        };
+                        let change = Change::Void {
+                            reservation,
+                            refund,
+                        };
+                        let assemble = voided_by(req.actor.clone());
+                        let written = keyed_write(self, change, &req.idempotency, assemble).await?;
+                        return Ok(written.map(VoidOutcome::Voided));
+                    }
+                    ReservationStatus::Voided => VoidOutcome::AlreadyVoided,
+                    _ => VoidOutcome::NotActive,
+                };
+                let current = self.reload(&req.reservation_id, now).await?;
+                Ok(Some(unchanged(current)))
+            })
+            .await
+    }
+
+    /// Takes an asset off sale; with `force`, a live hold is released first.
+    /// One conditional write guarded by the version the decision was made on.
+    async fn withdraw(
+        &self,
+        id: &AssetId,
+        force: bool,
+        actor: &str,
+    ) -> StoreResult<WithdrawOutcome> {
+        for _ in 0..MAX_ATTEMPTS {
+            let snap = self.asset_snapshot(id).await?;
+            let Some(stored) = snap.row else {
+                return Ok(WithdrawOutcome::NotFound);
+            };
+            let (version, held_by) = (stored.version, stored.current_reservation_id.clone());
+            let lapsed = stored.status == AssetStatus::Held;
+            let asset = stored.effective(snap.now);
+            let lapsed = lapsed && asset.status == AssetStatus::Available;
+            let release = match withdraw_decision(asset.status, force) {
+                WithdrawDecision::AlreadyWithdrawn => return Ok(WithdrawOutcome::Unchanged(asset)),
+                WithdrawDecision::Held => return Ok(WithdrawOutcome::Held(asset)),
+                WithdrawDecision::Sold => return Ok(WithdrawOutcome::Sold(asset)),
+                WithdrawDecision::ReleaseAndWithdraw => held_by.clone(),
+                WithdrawDecision::Withdraw => None,
+            };
+            let change = Change::Withdraw {
+                asset_id: id.to_string(),
+                version,
+                expire: if lapsed { held_by } else { None },
+                release,
+            };
+            let actor = actor.to_owned();
+            let written = self
+                .transition(
+                    change,
+                    None,
+                    Box::new(move |changed: &Changed| {
+                        let at = changed.at()?;
+                        let asset = changed.asset()?.clone();
+                        let mut events = Vec::new();
+                        if let Some(ended) = &changed.ended {
+                            let data = reply::reservation_ok(ended).body;
+                            events.push(match ended.status {
+                                ReservationStatus::Expired => {
+                                    about(ended, EventType::ReservationExpired, data, at)
+                                }
+                                _ => about(ended, EventType::ReservationReleased, data, at)
+                                    .by(&actor),
+                            });
+                        }
+                        let data = serde_json::to_string(&asset).unwrap_or_default();
+                        events.push(
+                            NewEvent::new(&asset.id, EventType::AssetWithdrawn, data, at)
+                                .by(&actor),
+                        );
+                        Ok(Written {
+                            value: asset,
+                            events,
+                            answer: None,
+                        })
+                    }),
+                )
+                .await?;
+            if let Some(asset) = written {
+                return Ok(WithdrawOutcome::Withdrawn(asset));
+            }
+        }
+        Err(contention("withdraw the asset"))
+    }
+
+    /// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
+    async fn reinstate(&self, id: &AssetId, actor: &str) -> StoreResult<ReinstateOutcome> {
+        let actor = actor.to_owned();
+        let written = self
+            .transition(
+                Change::Reinstate {
+                    asset_id: id.to_string(),
+                },
+                None,
+                Box::new(move |changed: &Changed| {
+                    let asset = changed.asset()?.clone();
+                    let data = serde_json::to_string(&asset).unwrap_or_default();
+                    let event =
+                        NewEvent::new(&asset.id, EventType::AssetReinstated, data, changed.at()?)
+                            .by(&actor);
+                    Ok(Written {
+                        value: asset,
+                        events: vec![event],
+                        answer: None,
+                    })
+                }),
+            )
+            .await?;
+        if let Some(asset) = written {
+            return Ok(ReinstateOutcome::Reinstated(asset));
+        }
+        let snap = self.asset_snapshot(id).await?;
+        Ok(match snap.row {
+            Some(asset) => ReinstateOutcome::Unchanged(asset.effective(snap.now)),
+            None => ReinstateOutcome::NotFound,
+        })
+    }
+
+    /// One janitor pass: lapsed holds batch by batch, then stored answers and
+    /// delivered events past retention (events only when they have one), each
+    /// batch its own short transaction.
+    async fn sweep(&self, settings: &StoreSettings) -> StoreResult<SweepReport> {
+        let batch = settings.sweep_batch.max(1);
+        let retention = settings.idempotency_retention;
+        let mut report = SweepReport {
+            expired: batches(batch, || self.expire_batch(batch)).await?,
+            purged_keys: batches(batch, || self.purge_batch(Purge::Keys, batch, retention)).await?,
+            purged_events: 0,
+        };
+        if let Some(retention) = settings.event_retention {
+            report.purged_events =
+                batches(batch, || self.purge_batch(Purge::Events, batch, retention)).await?;
+        }
+        Ok(report)
+    }
+
+    /// The payment system reports a refund done: REQUESTED becomes COMPLETED once.
+    async fn complete_refund(
+        &self,
+        req: &CompleteRefundRequest,
+    ) -> StoreResult<Keyed<CompleteRefundOutcome>> {
+        for _ in 0..MAX_ATTEMPTS {
+            let snap = self.refund_snapshot(req).await?;
+            if let Some(stored) = snap.stored {
+                return Ok(answered(stored, &req.idempotency));
+            }
+            let Some(refund) = snap.row else {
+                return Ok(Keyed::NotFound);
+            };
+            if refund.status == RefundStatus::Completed {
+                return Ok(Keyed::Done(CompleteRefundOutcome::AlreadyCompleted(refund)));
+            }
+            let written = self
+                .transition(
+                    Change::CompleteRefund { refund },
+                    Some(&req.idempotency),
+                    Box::new(|changed: &Changed| {
+                        let completed = changed
+                            .refund
+                            .as_ref()
+                            .ok_or_else(|| StoreError::Corrupt("a refund went missing".into()))?;
+                        let reply = Reply::json(200, completed);
+                        let event = NewEvent::new(
+                            &completed.asset_id,
+                            EventType::RefundCompleted,
+                            reply.body.clone(),
+                            changed.at()?,
+                        )
+                        .about(&completed.reservation_id);
+                        Ok(Written {
+                            events: vec![event],
+                            answer: Some((reply.clone(), completed.reservation_id.clone())),
+                            value: reply,
+                        })
+                    }),
+                )
+                .await;
+            if let Some(reply) = moved_on_conflict(written)? {
+                return Ok(Keyed::Done(CompleteRefundOutcome::Completed(reply)));
+            }
+        }
+        Err(contention("complete the refund"))
+    }
 }
 
-pub(crate) async fn commit<B: Backend>(
-    backend: &B,
-    req: &CommitRequest,
-) -> StoreResult<Keyed<CommitOutcome>> {
-    let payment = PaymentKey {
-        scope: &req.payment_scope,
-        reference: req.payment_reference.as_str(),
-    };
-    let target = Target {
-        payment: Some(payment),
-        ..Target::new(&req.reservation_id, &req.idempotency, None)
-    };
-    let mut late_refused = !req.accept_late;
-    target
-        .act(
-            backend,
-            "commit the reservation",
-            async |reservation, now, fate| {
-                let id = reservation.reservation_id.clone();
-                // Every write below either lands, or finds the state moved (a lost
-                // race, a key or a payment taken by a concurrent request) and reads
-                // again: the payments table's key decides, not this read.
-                let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
-                let written = match commit_decision(&id, reservation.status, fate.as_ref()) {
-                    CommitDecision::Commit => backend
-                        .transition(
-                            Change::Commit {
-                                reservation,
-                                scope,
-                                reference,
-                            },
-                            Some(&req.idempotency),
-                            answered_with(EventType::ReservationCommitted),
-                        )
-                        .await
-                        .map(|reply| reply.map(CommitOutcome::Committed)),
-                    CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
-                        let written = backend
-                            .transition(
-                                Change::CommitLate {
-                                    reservation,
-                                    scope,
-                                    reference,
-                                },
-                                Some(&req.idempotency),
-                                answered_with(EventType::ReservationCommitted),
-                            )
-                            .await;
-                        if let Ok(None) = written {
-                            // Taken meanwhile: the payment is refunded instead.
-                            late_refused = true;
-                        }
-                        written.map(|reply| reply.map(CommitOutcome::CommittedLate))
-                    }
-                    CommitDecision::Refuse(reason) => {
-                        let refund =
-                            Refund::requested(&reservation, &scope, &reference, reason, now);
-                        backend
-                            .transition(
-                                Change::Refund {
-                                    reservation,
-                                    refund,
-                                },
-                                Some(&req.idempotency),
-                                Box::new(move |changed: &Changed| {
-                                    let current = changed.reservation()?;
-                                    let refund = changed.refund.as_ref().ok_or_else(|| {
-                                        StoreError::Corrupt("a refund went missing".into())
-                                    })?;
-                                    let reply =
-                                        reply::commit_refused(reason, current, refund).into_reply();
-                                    let data = serde_json::to_string(refund).unwrap_or_default();
-                                    Ok(Written {
-                                        events: vec![about(
-                                            current,
-                                            EventType::RefundRequested,
-                                            data,
-                                            changed.at()?,
-                                        )],
-                                        answer: Some((
-                                            reply.clone(),
-                                            current.reservation_id.clone(),
-                                        )),
-                                        value: reply,
-                                    })
-                                }),
-                            )
-                            .await
-                            .map(|reply| {
-                                reply.map(|reply| CommitOutcome::Refunded { reply, reason })
-                            })
-                    }
-                    CommitDecision::AlreadyCommittedWithThisPayment => {
-                        let current = backend.reload(&req.reservation_id, now).await?;
-                        return Ok(Some(CommitOutcome::AlreadyCommitted(current)));
-                    }
-                    CommitDecision::RefundedBefore => {
-                        let current = backend.reload(&req.reservation_id, now).await?;
-                        let refund_id = fate.and_then(|f| f.refund_id);
-                        let refund = current
-                            .refunds
-                            .iter()
-                            .find(|r| Some(&r.refund_id) == refund_id.as_ref())
-                            .cloned()
-                            .ok_or_else(|| {
-                                StoreError::Corrupt(format!(
-                                    "the refund of reservation {id} for this payment vanished"
-                                ))
-                            })?;
-                        let reason = refund.reason;
-                        let reply = reply::commit_refused(reason, &current, &refund).into_reply();
-                        return Ok(Some(CommitOutcome::Refused { reply, reason }));
-                    }
-                    CommitDecision::SaleVoided => {
-                        let current = backend.reload(&req.reservation_id, now).await?;
-                        let refund = own_refund(&current, payment);
-                        let reply = reply::sale_voided(&current, refund).into_reply();
-                        return Ok(Some(CommitOutcome::SaleVoided(reply)));
-                    }
-                    CommitDecision::UsedElsewhere => {
-                        let current = backend.reload(&req.reservation_id, now).await?;
-                        let mut fates =
-                            payments(backend, Some(payment.scope), &req.payment_reference).await?;
-                        // Its fate went away between two reads: impossible unless
-                        // rows were deleted by hand; read again.
-                        return Ok(fates.pop().map(|(_, payment)| {
-                            CommitOutcome::PaymentReferenceUsed {
-                                reservation: Box::new(current),
-                                payment: Box::new(payment),
-                            }
-                        }));
-                    }
-                };
-                moved_on_conflict(written)
-            },
-        )
-        .await
-}
+impl<B: Backend + Sync> UseCases for B {}
 
 /// The refund of a sale's own payment, when its void gave it back.
 fn own_refund<'a>(reservation: &'a Reservation, payment: PaymentKey<'_>) -> Option<&'a Refund> {
@@ -649,147 +928,28 @@ fn own_refund<'a>(reservation: &'a Reservation, payment: PaymentKey<'_>) -> Opti
     })
 }
 
-/// The fates of `reference` with their reservation and refund: in `scope`,
-/// or in every scope.
-pub(crate) async fn payments<B: Backend>(
-    backend: &B,
-    scope: Option<&str>,
-    reference: &PaymentReference,
-) -> StoreResult<Vec<(String, Payment)>> {
-    let Fates { now, rows } = backend.payment_fates(scope, reference.as_str()).await?;
-    let mut found = Vec::with_capacity(rows.len());
-    for row in rows {
-        let id = super::rows::parse_reservation_id(&row.reservation_id)?;
-        let reservation = backend.reload(&id, now).await?;
-        let key = PaymentKey {
-            scope: &row.scope,
-            reference: &row.reference,
-        };
-        let refund = match &row.refund_id {
-            Some(refund_id) => reservation
-                .refunds
-                .iter()
-                .find(|r| &r.refund_id == refund_id)
-                .cloned(),
-            None => own_refund(&reservation, key).cloned(),
-        };
-        let payment = Payment {
-            payment_reference: row.reference.clone(),
-            fate: if row.refund_id.is_some() {
-                PaymentOutcome::Refunded
-            } else {
-                PaymentOutcome::Bought
-            },
-            reservation,
-            refund,
-        };
-        found.push((row.scope, payment));
-    }
-    Ok(found)
-}
-
-pub(crate) async fn release<B: Backend>(
-    backend: &B,
-    req: &ReleaseRequest,
-) -> StoreResult<Keyed<ReleaseOutcome>> {
-    Target::new(
-        &req.reservation_id,
-        &req.idempotency,
-        req.visible_to.as_ref(),
-    )
-    .act(
-        backend,
-        "release the reservation",
-        async |reservation, now, _| {
-            let unchanged = match release_decision(reservation.status) {
-                ReleaseDecision::Release => {
-                    let change = Change::Release { reservation };
-                    let assemble = answered_with(EventType::ReservationReleased);
-                    let written = keyed_write(backend, change, &req.idempotency, assemble).await?;
-                    return Ok(written.map(ReleaseOutcome::Released));
-                }
-                ReleaseDecision::AlreadyReleased => ReleaseOutcome::AlreadyReleased,
-                ReleaseDecision::NotActive => ReleaseOutcome::NotActive,
-            };
-            Ok(Some(unchanged(
-                backend.reload(&req.reservation_id, now).await?,
-            )))
-        },
-    )
-    .await
-}
-
-pub(crate) async fn extend<B: Backend>(
-    backend: &B,
-    req: &ExtendRequest,
-) -> StoreResult<Keyed<ExtendOutcome>> {
-    Target::new(
-        &req.reservation_id,
-        &req.idempotency,
-        req.visible_to.as_ref(),
-    )
-    .act(backend, "extend the hold", async |reservation, now, _| {
-        let until = now + Duration::seconds(req.hold_seconds);
-        let refused = if reservation.status != ReservationStatus::Held {
-            ExtendOutcome::NotActive
-        } else if !extension_allowed(reservation.created_at, until, req.max_total_seconds) {
-            ExtendOutcome::LimitReached
-        } else {
-            let change = Change::Extend {
-                reservation,
-                hold_seconds: req.hold_seconds,
-                max_total_seconds: req.max_total_seconds,
-            };
-            let assemble = answered_with(EventType::ReservationExtended);
-            let written = keyed_write(backend, change, &req.idempotency, assemble).await?;
-            return Ok(written.map(ExtendOutcome::Extended));
-        };
-        Ok(Some(refused(
-            backend.reload(&req.reservation_id, now).await?,
-        )))
-    })
-    .await
-}
-
-pub(crate) async fn void<B: Backend>(
-    backend: &B,
-    req: &VoidRequest,
-) -> StoreResult<Keyed<VoidOutcome>> {
-    Target::new(&req.reservation_id, &req.idempotency, None)
-        .act(backend, "void the sale", async |reservation, now, _| {
-            let unchanged = match reservation.status {
-                ReservationStatus::Committed => {
-                    // Part of the payment's one fate: it bought this sale.
-                    let refund = match (
-                        req.refund,
-                        &reservation.payment_scope,
-                        &reservation.payment_reference,
-                    ) {
-                        (true, Some(scope), Some(payment)) => Some(Refund::requested(
-                            &reservation,
-                            scope,
-                            payment,
-                            RefundReason::SaleVoided,
-                            now,
-                        )),
-                        _ => None,
-                    };
-                    let change = Change::Void {
-                        reservation,
-                        refund,
-                    };
-                    let assemble = voided_by(req.actor.clone());
-                    let written = keyed_write(backend, change, &req.idempotency, assemble).await?;
-                    return Ok(written.map(VoidOutcome::Voided));
-                }
-                ReservationStatus::Voided => VoidOutcome::AlreadyVoided,
-                _ => VoidOutcome::NotActive,
-            };
-            Ok(Some(unchanged(
-                backend.reload(&req.reservation_id, now).await?,
-            )))
+/// A refused payment answered with the reservation and its refund (the
+/// refund's event), and the answer stored.
+fn refused_with(reason: RefundReason) -> Assemble<Reply> {
+    Box::new(move |changed: &Changed| {
+        let current = changed.reservation()?;
+        let refund = changed
+            .refund
+            .as_ref()
+            .ok_or_else(|| StoreError::Corrupt("a refund went missing".into()))?;
+        let reply = reply::commit_refused(reason, current, refund).into_reply();
+        let data = serde_json::to_string(refund).unwrap_or_default();
+        Ok(Written {
+            events: vec![about(
+                current,
+                EventType::RefundRequested,
+                data,
+                changed.at()?,
+            )],
+            answer: Some((reply.clone(), current.reservation_id.clone())),
+            value: reply,
         })
-        .await
+    })
 }
 
 /// A void answered with the reservation as voided, its event and the
@@ -818,133 +978,6 @@ fn voided_by(actor: String) -> Assemble<Reply> {
     })
 }
 
-/// Takes an asset off sale; with `force`, a live hold is released first.
-/// One conditional write guarded by the version the decision was made on.
-pub(crate) async fn withdraw<B: Backend>(
-    backend: &B,
-    id: &AssetId,
-    force: bool,
-    actor: &str,
-) -> StoreResult<WithdrawOutcome> {
-    for _ in 0..MAX_ATTEMPTS {
-        let snap = backend.asset_snapshot(id).await?;
-        let Some(stored) = snap.row else {
-            return Ok(WithdrawOutcome::NotFound);
-        };
-        let (version, held_by) = (stored.version, stored.current_reservation_id.clone());
-        let lapsed = stored.status == AssetStatus::Held;
-        let asset = stored.effective(snap.now);
-        let lapsed = lapsed && asset.status == AssetStatus::Available;
-        let release = match withdraw_decision(asset.status, force) {
-            WithdrawDecision::AlreadyWithdrawn => return Ok(WithdrawOutcome::Unchanged(asset)),
-            WithdrawDecision::Held => return Ok(WithdrawOutcome::Held(asset)),
-            WithdrawDecision::Sold => return Ok(WithdrawOutcome::Sold(asset)),
-            WithdrawDecision::ReleaseAndWithdraw => held_by.clone(),
-            WithdrawDecision::Withdraw => None,
-        };
-        let change = Change::Withdraw {
-            asset_id: id.to_string(),
-            version,
-            expire: if lapsed { held_by } else { None },
-            release,
-        };
-        let actor = actor.to_owned();
-        let written = backend
-            .transition(
-                change,
-                None,
-                Box::new(move |changed: &Changed| {
-                    let at = changed.at()?;
-                    let asset = changed.asset()?.clone();
-                    let mut events = Vec::new();
-                    if let Some(ended) = &changed.ended {
-                        let data = reply::reservation_ok(ended).body;
-                        events.push(match ended.status {
-                            ReservationStatus::Expired => {
-                                about(ended, EventType::ReservationExpired, data, at)
-                            }
-                            _ => about(ended, EventType::ReservationReleased, data, at).by(&actor),
-                        });
-                    }
-                    let data = serde_json::to_string(&asset).unwrap_or_default();
-                    events.push(
-                        NewEvent::new(&asset.id, EventType::AssetWithdrawn, data, at).by(&actor),
-                    );
-                    Ok(Written {
-                        value: asset,
-                        events,
-                        answer: None,
-                    })
-                }),
-            )
-            .await?;
-        if let Some(asset) = written {
-            return Ok(WithdrawOutcome::Withdrawn(asset));
-        }
-    }
-    Err(contention("withdraw the asset"))
-}
-
-/// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
-pub(crate) async fn reinstate<B: Backend>(
-    backend: &B,
-    id: &AssetId,
-    actor: &str,
-) -> StoreResult<ReinstateOutcome> {
-    let actor = actor.to_owned();
-    let written = backend
-        .transition(
-            Change::Reinstate {
-                asset_id: id.to_string(),
-            },
-            None,
-            Box::new(move |changed: &Changed| {
-                let asset = changed.asset()?.clone();
-                let data = serde_json::to_string(&asset).unwrap_or_default();
-                let event =
-                    NewEvent::new(&asset.id, EventType::AssetReinstated, data, changed.at()?)
-                        .by(&actor);
-                Ok(Written {
-                    value: asset,
-                    events: vec![event],
-                    answer: None,
-                })
-            }),
-        )
-        .await?;
-    if let Some(asset) = written {
-        return Ok(ReinstateOutcome::Reinstated(asset));
-    }
-    let snap = backend.asset_snapshot(id).await?;
-    Ok(match snap.row {
-        Some(asset) => ReinstateOutcome::Unchanged(asset.effective(snap.now)),
-        None => ReinstateOutcome::NotFound,
-    })
-}
-
-/// One janitor pass: lapsed holds batch by batch, then stored answers and
-/// delivered events past retention (events only when they have one), each
-/// batch its own short transaction.
-pub(crate) async fn sweep<B: Backend>(
-    backend: &B,
-    settings: &StoreSettings,
-) -> StoreResult<SweepReport> {
-    let batch = settings.sweep_batch.max(1);
-    let retention = settings.idempotency_retention;
-    let mut report = SweepReport {
-        expired: batches(batch, || backend.expire_batch(batch)).await?,
-        purged_keys: batches(batch, || backend.purge_batch(Purge::Keys, batch, retention)).await?,
-        purged_events: 0,
-    };
-    if let Some(retention) = settings.event_retention {
-        report.purged_events = batches(batch, || {
-            backend.purge_batch(Purge::Events, batch, retention)
-        })
-        .await?;
-    }
-    Ok(report)
-}
-
 /// Runs `one` batch after another until one comes back short; how many
 /// rows they took together.
 async fn batches<F: Future<Output = StoreResult<u64>>>(
@@ -959,52 +992,4 @@ async fn batches<F: Future<Output = StoreResult<u64>>>(
             return Ok(total);
         }
     }
-}
-
-/// The payment system reports a refund done: REQUESTED becomes COMPLETED once.
-pub(crate) async fn complete_refund<B: Backend>(
-    backend: &B,
-    req: &CompleteRefundRequest,
-) -> StoreResult<Keyed<CompleteRefundOutcome>> {
-    for _ in 0..MAX_ATTEMPTS {
-        let snap = backend.refund_snapshot(req).await?;
-        if let Some(stored) = snap.stored {
-            return Ok(answered(stored, &req.idempotency));
-        }
-        let Some(refund) = snap.row else {
-            return Ok(Keyed::NotFound);
-        };
-        if refund.status == RefundStatus::Completed {
-            return Ok(Keyed::Done(CompleteRefundOutcome::AlreadyCompleted(refund)));
-        }
-        let written = backend
-            .transition(
-                Change::CompleteRefund { refund },
-                Some(&req.idempotency),
-                Box::new(|changed: &Changed| {
-                    let completed = changed
-                        .refund
-                        .as_ref()
-                        .ok_or_else(|| StoreError::Corrupt("a refund went missing".into()))?;
-                    let reply = Reply::json(200, completed);
-                    let event = NewEvent::new(
-                        &completed.asset_id,
-                        EventType::RefundCompleted,
-                        reply.body.clone(),
-                        changed.at()?,
-                    )
-                    .about(&completed.reservation_id);
-                    Ok(Written {
-                        events: vec![event],
-                        answer: Some((reply.clone(), completed.reservation_id.clone())),
-                        value: reply,
-                    })
-                }),
-            )
-            .await;
-        if let Some(reply) = moved_on_conflict(written)? {
-            return Ok(Keyed::Done(CompleteRefundOutcome::Completed(reply)));
-        }
-    }
-    Err(contention("complete the refund"))
 }

@@ -14,7 +14,7 @@ mod statements;
 
 use std::time::Duration;
 
-use flow::Backend;
+use flow::{Backend, UseCases};
 
 pub use audit::Finding;
 pub use error::StoreError;
@@ -529,11 +529,11 @@ impl Store {
         force: bool,
         actor: &str,
     ) -> StoreResult<WithdrawOutcome> {
-        bounded!(self, "withdraw the asset", s => flow::withdraw(s, id, force, actor))
+        bounded!(self, "withdraw the asset", s => s.withdraw(id, force, actor))
     }
 
     pub async fn reinstate(&self, id: &AssetId, actor: &str) -> StoreResult<ReinstateOutcome> {
-        bounded!(self, "reinstate the asset", s => flow::reinstate(s, id, actor))
+        bounded!(self, "reinstate the asset", s => s.reinstate(id, actor))
     }
 
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
@@ -578,23 +578,23 @@ impl Store {
     }
 
     pub async fn hold(&self, req: &HoldRequest) -> StoreResult<Keyed<HoldOutcome>> {
-        bounded!(self, "hold the asset", s => flow::hold(s, req))
+        bounded!(self, "hold the asset", s => s.hold(req))
     }
 
     pub async fn commit(&self, req: &CommitRequest) -> StoreResult<Keyed<CommitOutcome>> {
-        bounded!(self, "commit the reservation", s => flow::commit(s, req))
+        bounded!(self, "commit the reservation", s => s.commit(req))
     }
 
     pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<Keyed<ReleaseOutcome>> {
-        bounded!(self, "release the reservation", s => flow::release(s, req))
+        bounded!(self, "release the reservation", s => s.release(req))
     }
 
     pub async fn extend(&self, req: &ExtendRequest) -> StoreResult<Keyed<ExtendOutcome>> {
-        bounded!(self, "extend the hold", s => flow::extend(s, req))
+        bounded!(self, "extend the hold", s => s.extend(req))
     }
 
     pub async fn void(&self, req: &VoidRequest) -> StoreResult<Keyed<VoidOutcome>> {
-        bounded!(self, "void the sale", s => flow::void(s, req))
+        bounded!(self, "void the sale", s => s.void(req))
     }
 
     /// The fate of `reference` in `scope` (sales recorded before scopes
@@ -604,7 +604,7 @@ impl Store {
         scope: Option<&str>,
         reference: &PaymentReference,
     ) -> StoreResult<Vec<(String, Payment)>> {
-        bounded!(self, "read a payment", s => flow::payments(s, scope, reference))
+        bounded!(self, "read a payment", s => s.payments(scope, reference))
     }
 
     pub async fn list_reservations(&self, page: &ReservationPage) -> StoreResult<Vec<Reservation>> {
@@ -620,7 +620,7 @@ impl Store {
         &self,
         req: &CompleteRefundRequest,
     ) -> StoreResult<Keyed<CompleteRefundOutcome>> {
-        bounded!(self, "complete the refund", s => flow::complete_refund(s, req))
+        bounded!(self, "complete the refund", s => s.complete_refund(req))
     }
 
     pub async fn list_refunds(&self, page: &RefundPage) -> StoreResult<Vec<Refund>> {
@@ -658,7 +658,7 @@ impl Store {
 
     /// Expires lapsed holds and purges idempotency records past retention.
     pub async fn sweep(&self) -> StoreResult<SweepReport> {
-        dispatch!(self, s => flow::sweep(s, s.settings()).await)
+        dispatch!(self, s => s.sweep(s.settings()).await)
     }
 
     /// Checks every invariant; events older than `events_since` may have been
