@@ -53,12 +53,12 @@ macro_rules! both {
 }
 
 use diesel::{
-    dsl, BoolExpressionMethods, ExpressionMethods, JoinOnDsl, NullableExpressionMethods,
-    OptionalExtension, QueryDsl, SelectableHelper,
+    dsl, BoolExpressionMethods, ExpressionMethods, JoinOnDsl, NullableExpressionMethods, QueryDsl,
+    SelectableHelper,
 };
 
 use super::audit::{self, Finding, CHECKS};
-use super::error::Context;
+use super::error::{Context, Found};
 use super::flow::{Change, Changed, PaymentKey, Written};
 use super::rows::{
     with_refunds, AssetRow, EventRow, PaymentRow, RefundRow, ReservationRow, StatusCountRow,
@@ -103,6 +103,86 @@ type NextVersion = (
     dsl::Eq<assets::updated_at, At>,
 );
 
+/// The asset `reservation` holds, while its hold is live at `now`.
+fn held_live(reservation: &Reservation, now: Timestamp) -> HeldLive<'_> {
+    assets::table
+        .filter(assets::id.eq(&reservation.asset_id))
+        .filter(assets::status.eq("HELD"))
+        .filter(assets::current_reservation_id.eq(&reservation.reservation_id))
+        .filter(assets::hold_expires_at.gt(At(now)))
+}
+
+type HeldLive<'a> = dsl::Filter<
+    dsl::Filter<
+        dsl::Filter<
+            dsl::Filter<assets::table, dsl::Eq<assets::id, &'a String>>,
+            dsl::Eq<assets::status, &'static str>,
+        >,
+        dsl::Eq<assets::current_reservation_id, &'a String>,
+    >,
+    dsl::Gt<assets::hold_expires_at, At>,
+>;
+
+/// What an asset whose hold or sale ends sets: `status`, the reservation
+/// that now has it (`current`), no hold expiry, and its next event.
+fn settled<'a>(status: &'static str, current: Option<&'a str>, now: Timestamp) -> Settled<'a> {
+    (
+        assets::status.eq(status),
+        assets::current_reservation_id.eq(current),
+        assets::hold_expires_at.eq(None),
+        next_event(now),
+    )
+}
+
+type Settled<'a> = (
+    dsl::Eq<assets::status, &'static str>,
+    dsl::Eq<assets::current_reservation_id, Option<&'a str>>,
+    dsl::Eq<assets::hold_expires_at, Option<At>>,
+    NextEvent,
+);
+
+/// The reservation `id` while it still has `status`.
+fn reservation_in<'a>(id: &'a str, status: &'static str) -> ReservationIn<'a> {
+    reservations::table
+        .find(id)
+        .filter(reservations::status.eq(status))
+}
+
+type ReservationIn<'a> = dsl::Filter<
+    dsl::Find<reservations::table, &'a str>,
+    dsl::Eq<reservations::status, &'static str>,
+>;
+
+/// What a reservation sold for `payment` at `now` sets.
+fn committed(payment: PaymentKey<'_>, now: Timestamp) -> Committed<'_> {
+    (
+        reservations::status.eq("COMMITTED"),
+        reservations::committed_at.eq(At(now)),
+        reservations::payment_reference.eq(payment.reference),
+        reservations::payment_scope.eq(payment.scope),
+    )
+}
+
+type Committed<'a> = (
+    dsl::Eq<reservations::status, &'static str>,
+    dsl::Eq<reservations::committed_at, At>,
+    dsl::Eq<reservations::payment_reference, &'a str>,
+    dsl::Eq<reservations::payment_scope, &'a str>,
+);
+
+/// What a reservation released at `now` sets.
+fn released(now: Timestamp) -> Released {
+    (
+        reservations::status.eq("RELEASED"),
+        reservations::released_at.eq(At(now)),
+    )
+}
+
+type Released = (
+    dsl::Eq<reservations::status, &'static str>,
+    dsl::Eq<reservations::released_at, At>,
+);
+
 /// What a change of a reservation wrote: the reservation as it became (by
 /// its effective status at `now`), and the event number its asset took.
 fn reservation_changed(
@@ -145,8 +225,7 @@ both! {
             query = query.filter(reservations::owner.eq(owner));
         }
         let Some(row) = exec!(query.first::<ReservationRow>(conn))
-            .optional()
-            .context("read a reservation")?
+            .found("read a reservation")?
         else {
             return Ok(None);
         };
@@ -241,8 +320,7 @@ both! {
             .find(id)
             .select(RefundRow::as_select())
             .first::<RefundRow>(conn))
-        .optional()
-        .context("read a refund")?
+        .found("read a refund")?
         .map(RefundRow::into_refund)
         .transpose()
     }
@@ -257,8 +335,7 @@ both! {
             .filter(assets::id.eq(id))
             .select((AssetRow::as_select(), reservations::owner.nullable()))
             .first::<(AssetRow, Option<String>)>(conn))
-        .optional()
-        .context("read an asset")?;
+        .found("read an asset")?;
         row.map(|(asset, holder)| asset.into_held_asset(now, holder)).transpose()
     }
 
@@ -325,8 +402,7 @@ both! {
         limit: i64,
     ) -> StoreResult<Option<Vec<Event>>> {
         let exists = exec!(assets::table.find(id).select(assets::id).first::<String>(conn))
-            .optional()
-            .context("find an asset")?
+            .found("find an asset")?
             .is_some();
         if !exists {
             return Ok(None);
@@ -451,8 +527,7 @@ both! {
             ))
             .returning(EventRow::as_returning())
             .get_result::<EventRow>(conn))
-        .optional()
-        .context("schedule an event again")?
+        .found("schedule an event again")?
         .map(EventRow::into_event)
         .transpose()
     }
@@ -528,8 +603,7 @@ both! {
             .on_conflict_do_nothing()
             .returning(AssetRow::as_returning())
             .get_result::<AssetRow>(conn))
-        .optional()
-        .context("create an asset")?
+        .found("create an asset")?
         .map(|row| row.into_asset(now))
         .transpose()
     }
@@ -548,8 +622,7 @@ both! {
             ))
             .returning(AssetRow::as_returning())
             .get_result::<AssetRow>(conn))
-        .optional()
-        .context("set when the sale opens")?
+        .found("set when the sale opens")?
         .map(|row| row.into_asset(now))
         .transpose()
     }
@@ -562,50 +635,27 @@ both! {
         payment: Option<PaymentKey<'_>>,
         now: Timestamp,
     ) -> StoreResult<Option<Changed>> {
-        let live = assets::table
-            .filter(assets::id.eq(&reservation.asset_id))
-            .filter(assets::status.eq("HELD"))
-            .filter(assets::current_reservation_id.eq(&reservation.reservation_id))
-            .filter(assets::hold_expires_at.gt(At(now)));
         let (status, current) = match payment {
             Some(_) => ("SOLD", Some(reservation.reservation_id.as_str())),
             None => ("AVAILABLE", None),
         };
-        let Some(sequence) = exec!(diesel::update(live)
-            .set((
-                assets::status.eq(status),
-                assets::hold_expires_at.eq(None::<At>),
-                assets::current_reservation_id.eq(current),
-                next_event(now),
-            ))
+        let Some(sequence) = exec!(diesel::update(held_live(reservation, now))
+            .set(settled(status, current, now))
             .returning(assets::last_event_sequence)
             .get_result::<i64>(conn))
-        .optional()
-        .context("change the asset")?
+        .found("change the asset")?
         else {
             return Ok(None);
         };
-        let held = reservations::table
-            .find(&reservation.reservation_id)
-            .filter(reservations::status.eq("HELD"));
+        let held = || reservation_in(&reservation.reservation_id, "HELD");
         let row = match payment {
-            Some(payment) => {
-                exec!(diesel::update(held)
-                    .set((
-                        reservations::status.eq("COMMITTED"),
-                        reservations::committed_at.eq(At(now)),
-                        reservations::payment_reference.eq(payment.reference),
-                        reservations::payment_scope.eq(payment.scope),
-                    ))
-                    .returning(ReservationRow::as_returning())
-                    .get_result::<ReservationRow>(conn))
-                .context("commit the reservation")?
-            }
-            None => exec!(diesel::update(held)
-                .set((
-                    reservations::status.eq("RELEASED"),
-                    reservations::released_at.eq(At(now)),
-                ))
+            Some(payment) => exec!(diesel::update(held())
+                .set(committed(payment, now))
+                .returning(ReservationRow::as_returning())
+                .get_result::<ReservationRow>(conn))
+            .context("commit the reservation")?,
+            None => exec!(diesel::update(held())
+                .set(released(now))
                 .returning(ReservationRow::as_returning())
                 .get_result::<ReservationRow>(conn))
             .context("release the reservation")?,
@@ -629,29 +679,18 @@ both! {
         if !extension_allowed(reservation.created_at, until, max_total_seconds) {
             return Ok(None);
         }
-        let Some(sequence) = exec!(diesel::update(
-            assets::table
-                .filter(assets::id.eq(&reservation.asset_id))
-                .filter(assets::status.eq("HELD"))
-                .filter(assets::current_reservation_id.eq(&reservation.reservation_id))
-                .filter(assets::hold_expires_at.gt(At(now))),
-        )
+        let Some(sequence) = exec!(diesel::update(held_live(reservation, now))
         .set((
             assets::hold_expires_at.eq(Some(At(until))),
             next_event(now),
         ))
         .returning(assets::last_event_sequence)
         .get_result::<i64>(conn))
-        .optional()
-        .context("extend the hold")?
+        .found("extend the hold")?
         else {
             return Ok(None);
         };
-        let row = exec!(diesel::update(
-            reservations::table
-                .find(&reservation.reservation_id)
-                .filter(reservations::status.eq("HELD")),
-        )
+        let row = exec!(diesel::update(reservation_in(&reservation.reservation_id, "HELD"))
         .set(reservations::expires_at.eq(At(until)))
         .returning(ReservationRow::as_returning())
         .get_result::<ReservationRow>(conn))
@@ -673,24 +712,14 @@ both! {
                 .filter(assets::status.eq("SOLD"))
                 .filter(assets::current_reservation_id.eq(&reservation.reservation_id)),
         )
-        .set((
-            assets::status.eq("AVAILABLE"),
-            assets::current_reservation_id.eq(None::<String>),
-            assets::hold_expires_at.eq(None::<At>),
-            next_event(now),
-        ))
+        .set(settled("AVAILABLE", None, now))
         .returning(assets::last_event_sequence)
         .get_result::<i64>(conn))
-        .optional()
-        .context("void the sale")?
+        .found("void the sale")?
         else {
             return Ok(None);
         };
-        let voided = exec!(diesel::update(
-            reservations::table
-                .find(&reservation.reservation_id)
-                .filter(reservations::status.eq("COMMITTED")),
-        )
+        let voided = exec!(diesel::update(reservation_in(&reservation.reservation_id, "COMMITTED"))
         .set((
             reservations::status.eq("VOIDED"),
             reservations::voided_at.eq(At(now)),
@@ -731,34 +760,18 @@ both! {
                 .filter(assets::status.eq("AVAILABLE"))
                 .filter(diesel::dsl::not(diesel::dsl::exists(later))),
         )
-        .set((
-            assets::status.eq("SOLD"),
-            assets::current_reservation_id.eq(Some(&reservation.reservation_id)),
-            assets::hold_expires_at.eq(None::<At>),
-            next_event(now),
-        ))
+        .set(settled("SOLD", Some(&reservation.reservation_id), now))
         .returning(assets::last_event_sequence)
         .get_result::<i64>(conn))
-        .optional()
-        .context("sell to a late payment")?
+        .found("sell to a late payment")?
         else {
             return Ok(None);
         };
-        let Some(row) = exec!(diesel::update(
-            reservations::table
-                .find(&reservation.reservation_id)
-                .filter(reservations::status.eq("EXPIRED")),
-        )
-        .set((
-            reservations::status.eq("COMMITTED"),
-            reservations::committed_at.eq(At(now)),
-            reservations::payment_reference.eq(payment.reference),
-            reservations::payment_scope.eq(payment.scope),
-        ))
+        let Some(row) = exec!(diesel::update(reservation_in(&reservation.reservation_id, "EXPIRED"))
+        .set(committed(payment, now))
         .returning(ReservationRow::as_returning())
         .get_result::<ReservationRow>(conn))
-        .optional()
-        .context("commit the reservation")?
+        .found("commit the reservation")?
         else {
             return Ok(None);
         };
@@ -797,8 +810,7 @@ both! {
         ))
         .returning(RefundRow::as_returning())
         .get_result::<RefundRow>(conn))
-        .optional()
-        .context("complete a refund")?;
+        .found("complete a refund")?;
         let Some(row) = row else {
             return Ok(None);
         };
@@ -833,29 +845,23 @@ both! {
         ))
         .returning(AssetRow::as_returning())
         .get_result::<AssetRow>(conn))
-        .optional()
-        .context("withdraw the asset")?;
+        .found("withdraw the asset")?;
         let Some(row) = row else {
             return Ok(None);
         };
-        let held = |id| reservations::table.find(id).filter(reservations::status.eq("HELD"));
+        let held = |id| reservation_in(id, "HELD");
         let ended = match (expire, release) {
             (Some(id), _) => exec!(diesel::update(held(id))
                 .set(reservations::status.eq("EXPIRED"))
                 .returning(ReservationRow::as_returning())
                 .get_result::<ReservationRow>(conn))
-            .optional()
-            .context("expire the hold")?
+            .found("expire the hold")?
             .map(Some),
             (None, Some(id)) => exec!(diesel::update(held(id))
-                .set((
-                    reservations::status.eq("RELEASED"),
-                    reservations::released_at.eq(At(now)),
-                ))
+                .set(released(now))
                 .returning(ReservationRow::as_returning())
                 .get_result::<ReservationRow>(conn))
-            .optional()
-            .context("release the hold")?
+            .found("release the hold")?
             .map(Some),
             (None, None) => Some(None),
         };
@@ -882,8 +888,7 @@ both! {
         ))
         .returning(AssetRow::as_returning())
         .get_result::<AssetRow>(conn))
-        .optional()
-        .context("reinstate the asset")?;
+        .found("reinstate the asset")?;
         let Some(row) = row else {
             return Ok(None);
         };
