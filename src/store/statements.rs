@@ -5,6 +5,30 @@
 //! What differs between the dialects (PostgreSQL's single-statement writes
 //! and coalesced read, SQLite's event positions) stays in each backend.
 
+/// The row an update (or insert) of one row changed, returned whole as
+/// `$row` and run by the dialect's `exec!` on `$conn`; `None` when its
+/// guard matched no row.
+macro_rules! returned {
+    ($conn:ident, $update:expr, $row:ty, $context:literal) => {
+        exec!($update
+            .returning(<$row as SelectableHelper<_>>::as_returning())
+            .get_result::<$row>($conn))
+        .found($context)
+    };
+}
+
+/// The event number an update of the asset took (see [`next_event`]),
+/// run by the dialect's `exec!` on `$conn`; `None` when its guard matched
+/// no row.
+macro_rules! numbered {
+    ($conn:ident, $update:expr, $context:literal) => {
+        exec!($update
+            .returning(assets::last_event_sequence)
+            .get_result::<i64>($conn))
+        .found($context)
+    };
+}
+
 /// Defines each function once for each backend: `exec!(query)` awaits it on
 /// PostgreSQL and runs it as is on SQLite.
 macro_rules! both {
@@ -196,6 +220,11 @@ fn reservation_changed(
         sequence: Some(sequence),
         ..Changed::default()
     }))
+}
+
+/// The asset a statement returned (if any), by its effective status at `now`.
+fn asset_at(row: Option<AssetRow>, now: Timestamp) -> StoreResult<Option<Asset>> {
+    row.map(|row| row.into_asset(now)).transpose()
 }
 
 /// What a change of an asset alone wrote: the asset as it became, at `now`.
@@ -517,19 +546,16 @@ both! {
 
     /// Schedules an event for delivery again; `None` when it does not exist.
     fn redeliver(conn, id: &str) -> StoreResult<Option<Event>> {
-        exec!(diesel::update(events::table.filter(events::id.eq(id)))
-            .set((
-                events::delivered_at.eq(None::<At>),
-                events::dead_at.eq(None::<At>),
-                events::attempts.eq(0),
-                events::next_attempt_at.eq(None::<At>),
-                events::last_error.eq(None::<String>),
-            ))
-            .returning(EventRow::as_returning())
-            .get_result::<EventRow>(conn))
-        .found("schedule an event again")?
-        .map(EventRow::into_event)
-        .transpose()
+        let update = diesel::update(events::table.filter(events::id.eq(id))).set((
+            events::delivered_at.eq(None::<At>),
+            events::dead_at.eq(None::<At>),
+            events::attempts.eq(0),
+            events::next_attempt_at.eq(None::<At>),
+            events::last_error.eq(None::<String>),
+        ));
+        returned!(conn, update, EventRow, "schedule an event again")?
+            .map(EventRow::into_event)
+            .transpose()
     }
 
     /// Every invariant, one statement each; `events_since` is the start of
@@ -592,7 +618,7 @@ both! {
         available_from: Option<Timestamp>,
         now: Timestamp,
     ) -> StoreResult<Option<Asset>> {
-        exec!(diesel::insert_into(assets::table)
+        let insert = diesel::insert_into(assets::table)
             .values((
                 assets::id.eq(id.as_str()),
                 assets::name.eq(name),
@@ -600,12 +626,8 @@ both! {
                 assets::created_at.eq(At(now)),
                 assets::updated_at.eq(At(now)),
             ))
-            .on_conflict_do_nothing()
-            .returning(AssetRow::as_returning())
-            .get_result::<AssetRow>(conn))
-        .found("create an asset")?
-        .map(|row| row.into_asset(now))
-        .transpose()
+            .on_conflict_do_nothing();
+        asset_at(returned!(conn, insert, AssetRow, "create an asset")?, now)
     }
 
     /// Sets or clears when an asset's sale opens.
@@ -615,16 +637,9 @@ both! {
         available_from: Option<Timestamp>,
         now: Timestamp,
     ) -> StoreResult<Option<Asset>> {
-        exec!(diesel::update(assets::table.find(id.as_str()))
-            .set((
-                assets::available_from.eq(available_from.map(At)),
-                next_version(now),
-            ))
-            .returning(AssetRow::as_returning())
-            .get_result::<AssetRow>(conn))
-        .found("set when the sale opens")?
-        .map(|row| row.into_asset(now))
-        .transpose()
+        let update = diesel::update(assets::table.find(id.as_str()))
+            .set((assets::available_from.eq(available_from.map(At)), next_version(now)));
+        asset_at(returned!(conn, update, AssetRow, "set when the sale opens")?, now)
     }
 
     /// Ends a hold still live at `now`: the asset SOLD to it (`payment`
@@ -639,12 +654,8 @@ both! {
             Some(_) => ("SOLD", Some(reservation.reservation_id.as_str())),
             None => ("AVAILABLE", None),
         };
-        let Some(sequence) = exec!(diesel::update(held_live(reservation, now))
-            .set(settled(status, current, now))
-            .returning(assets::last_event_sequence)
-            .get_result::<i64>(conn))
-        .found("change the asset")?
-        else {
+        let update = diesel::update(held_live(reservation, now)).set(settled(status, current, now));
+        let Some(sequence) = numbered!(conn, update, "change the asset")? else {
             return Ok(None);
         };
         let held = || reservation_in(&reservation.reservation_id, "HELD");
@@ -679,21 +690,15 @@ both! {
         if !extension_allowed(reservation.created_at, until, max_total_seconds) {
             return Ok(None);
         }
-        let Some(sequence) = exec!(diesel::update(held_live(reservation, now))
-        .set((
-            assets::hold_expires_at.eq(Some(At(until))),
-            next_event(now),
-        ))
-        .returning(assets::last_event_sequence)
-        .get_result::<i64>(conn))
-        .found("extend the hold")?
-        else {
+        let update = diesel::update(held_live(reservation, now))
+            .set((assets::hold_expires_at.eq(Some(At(until))), next_event(now)));
+        let Some(sequence) = numbered!(conn, update, "extend the hold")? else {
             return Ok(None);
         };
         let row = exec!(diesel::update(reservation_in(&reservation.reservation_id, "HELD"))
-        .set(reservations::expires_at.eq(At(until)))
-        .returning(ReservationRow::as_returning())
-        .get_result::<ReservationRow>(conn))
+            .set(reservations::expires_at.eq(At(until)))
+            .returning(ReservationRow::as_returning())
+            .get_result::<ReservationRow>(conn))
         .context("extend the reservation")?;
         reservation_changed(row, sequence, now)
     }
@@ -706,25 +711,20 @@ both! {
         refund: Option<&Refund>,
         now: Timestamp,
     ) -> StoreResult<Option<Changed>> {
-        let Some(sequence) = exec!(diesel::update(
-            assets::table
-                .filter(assets::id.eq(&reservation.asset_id))
-                .filter(assets::status.eq("SOLD"))
-                .filter(assets::current_reservation_id.eq(&reservation.reservation_id)),
-        )
-        .set(settled("AVAILABLE", None, now))
-        .returning(assets::last_event_sequence)
-        .get_result::<i64>(conn))
-        .found("void the sale")?
-        else {
+        let sold = assets::table
+            .filter(assets::id.eq(&reservation.asset_id))
+            .filter(assets::status.eq("SOLD"))
+            .filter(assets::current_reservation_id.eq(&reservation.reservation_id));
+        let update = diesel::update(sold).set(settled("AVAILABLE", None, now));
+        let Some(sequence) = numbered!(conn, update, "void the sale")? else {
             return Ok(None);
         };
         let voided = exec!(diesel::update(reservation_in(&reservation.reservation_id, "COMMITTED"))
-        .set((
-            reservations::status.eq("VOIDED"),
-            reservations::voided_at.eq(At(now)),
-        ))
-        .execute(conn))
+            .set((
+                reservations::status.eq("VOIDED"),
+                reservations::voided_at.eq(At(now)),
+            ))
+            .execute(conn))
         .context("void the reservation")?;
         if voided != 1 {
             return Ok(None);
@@ -754,25 +754,18 @@ both! {
             .filter(reservations::asset_id.eq(&reservation.asset_id))
             .filter(reservations::id.ne(&reservation.reservation_id))
             .filter(reservations::created_at.ge(At(reservation.created_at)));
-        let Some(sequence) = exec!(diesel::update(
-            assets::table
-                .filter(assets::id.eq(&reservation.asset_id))
-                .filter(assets::status.eq("AVAILABLE"))
-                .filter(diesel::dsl::not(diesel::dsl::exists(later))),
-        )
-        .set(settled("SOLD", Some(&reservation.reservation_id), now))
-        .returning(assets::last_event_sequence)
-        .get_result::<i64>(conn))
-        .found("sell to a late payment")?
-        else {
+        let free = assets::table
+            .filter(assets::id.eq(&reservation.asset_id))
+            .filter(assets::status.eq("AVAILABLE"))
+            .filter(diesel::dsl::not(diesel::dsl::exists(later)));
+        let sold = settled("SOLD", Some(&reservation.reservation_id), now);
+        let update = diesel::update(free).set(sold);
+        let Some(sequence) = numbered!(conn, update, "sell to a late payment")? else {
             return Ok(None);
         };
-        let Some(row) = exec!(diesel::update(reservation_in(&reservation.reservation_id, "EXPIRED"))
-        .set(committed(payment, now))
-        .returning(ReservationRow::as_returning())
-        .get_result::<ReservationRow>(conn))
-        .found("commit the reservation")?
-        else {
+        let expired = reservation_in(&reservation.reservation_id, "EXPIRED");
+        let update = diesel::update(expired).set(committed(payment, now));
+        let Some(row) = returned!(conn, update, ReservationRow, "commit the reservation")? else {
             return Ok(None);
         };
         exec!(record_fate(conn, payment, &reservation.reservation_id, None, now))?;
@@ -799,19 +792,14 @@ both! {
 
     /// A REQUESTED refund becomes COMPLETED. `None` when it no longer was.
     fn complete_refund(conn, refund: &Refund, now: Timestamp) -> StoreResult<Option<Changed>> {
-        let row = exec!(diesel::update(
-            refunds::table
-                .find(&refund.refund_id)
-                .filter(refunds::status.eq("REQUESTED")),
-        )
-        .set((
+        let requested = refunds::table
+            .find(&refund.refund_id)
+            .filter(refunds::status.eq("REQUESTED"));
+        let update = diesel::update(requested).set((
             refunds::status.eq("COMPLETED"),
             refunds::completed_at.eq(Some(At(now))),
-        ))
-        .returning(RefundRow::as_returning())
-        .get_result::<RefundRow>(conn))
-        .found("complete a refund")?;
-        let Some(row) = row else {
+        ));
+        let Some(row) = returned!(conn, update, RefundRow, "complete a refund")? else {
             return Ok(None);
         };
         Ok(Some(Changed {
@@ -832,37 +820,28 @@ both! {
         release: Option<&str>,
         now: Timestamp,
     ) -> StoreResult<Option<Changed>> {
-        let row = exec!(diesel::update(
-            assets::table
-                .find(asset)
-                .filter(assets::version.eq(version)),
-        )
-        .set((
+        let unchanged = assets::table
+            .find(asset)
+            .filter(assets::version.eq(version));
+        let update = diesel::update(unchanged).set((
             assets::status.eq("WITHDRAWN"),
             assets::hold_expires_at.eq(None::<At>),
             assets::current_reservation_id.eq(None::<String>),
             next_version(now),
-        ))
-        .returning(AssetRow::as_returning())
-        .get_result::<AssetRow>(conn))
-        .found("withdraw the asset")?;
-        let Some(row) = row else {
+        ));
+        let Some(row) = returned!(conn, update, AssetRow, "withdraw the asset")? else {
             return Ok(None);
         };
-        let held = |id| reservation_in(id, "HELD");
+        let held = |id| diesel::update(reservation_in(id, "HELD"));
         let ended = match (expire, release) {
-            (Some(id), _) => exec!(diesel::update(held(id))
-                .set(reservations::status.eq("EXPIRED"))
-                .returning(ReservationRow::as_returning())
-                .get_result::<ReservationRow>(conn))
-            .found("expire the hold")?
-            .map(Some),
-            (None, Some(id)) => exec!(diesel::update(held(id))
-                .set(released(now))
-                .returning(ReservationRow::as_returning())
-                .get_result::<ReservationRow>(conn))
-            .found("release the hold")?
-            .map(Some),
+            (Some(id), _) => {
+                let update = held(id).set(reservations::status.eq("EXPIRED"));
+                returned!(conn, update, ReservationRow, "expire the hold")?.map(Some)
+            }
+            (None, Some(id)) => {
+                let update = held(id).set(released(now));
+                returned!(conn, update, ReservationRow, "release the hold")?.map(Some)
+            }
             (None, None) => Some(None),
         };
         // The hold the decision was made on is gone: the state moved.
@@ -877,19 +856,12 @@ both! {
 
     /// Puts a WITHDRAWN asset back on sale. `None` when it was not withdrawn.
     fn reinstate(conn, asset: &str, now: Timestamp) -> StoreResult<Option<Changed>> {
-        let row = exec!(diesel::update(
-            assets::table
-                .find(asset)
-                .filter(assets::status.eq("WITHDRAWN")),
-        )
-        .set((
-            assets::status.eq("AVAILABLE"),
-            next_version(now),
-        ))
-        .returning(AssetRow::as_returning())
-        .get_result::<AssetRow>(conn))
-        .found("reinstate the asset")?;
-        let Some(row) = row else {
+        let withdrawn = assets::table
+            .find(asset)
+            .filter(assets::status.eq("WITHDRAWN"));
+        let reinstated = (assets::status.eq("AVAILABLE"), next_version(now));
+        let update = diesel::update(withdrawn).set(reinstated);
+        let Some(row) = returned!(conn, update, AssetRow, "reinstate the asset")? else {
             return Ok(None);
         };
         asset_changed(row, now).map(Some)
