@@ -1,6 +1,28 @@
 use std::fmt;
 
 use ulid::Ulid;
+use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+
+/// Text without control characters, as buyer ids and payment references are.
+const PRINTABLE: &str = "^[^\\x00-\\x1F\\x7F-\\x9F]+$";
+
+/// How a text value is documented: a string matching `pattern`, shown with
+/// `example`.
+pub fn text_schema(pattern: &str, example: &str) -> ObjectBuilder {
+    // The document shows `example`, as the schemas derived for fields do.
+    #[allow(deprecated)]
+    ObjectBuilder::new()
+        .schema_type(SchemaType::Type(Type::String))
+        .example(Some(example.into()))
+        .pattern(Some(pattern))
+}
+
+/// Printable text of 1 to `max` characters, shown with `example`.
+pub fn printable_schema(max: usize, example: &str) -> ObjectBuilder {
+    text_schema(PRINTABLE, example)
+        .min_length(Some(1))
+        .max_length(Some(max))
+}
 
 macro_rules! string_newtype {
     ($(#[$meta:meta])* $name:ident) => {
@@ -51,6 +73,11 @@ string_newtype!(
 
 impl AssetId {
     pub const MAX_LEN: usize = 64;
+    pub const PATTERN: &'static str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
+
+    pub fn schema() -> ObjectBuilder {
+        text_schema(Self::PATTERN, "EQ-88392")
+    }
 
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut chars = s.chars();
@@ -118,6 +145,7 @@ macro_rules! ulid_id {
 
         impl $name {
             pub const PREFIX: &'static str = $prefix;
+            pub const PATTERN: &'static str = concat!("^", $prefix, "[0-9A-HJKMNP-TV-Z]{26}$");
 
             pub fn generate() -> Self {
                 Self(Ulid::new())

@@ -7,7 +7,8 @@ mod rules;
 mod time;
 
 pub use ids::{
-    AssetId, BuyerId, EventId, IdempotencyKey, PaymentReference, RefundId, ReservationId,
+    printable_schema, AssetId, BuyerId, EventId, IdempotencyKey, PaymentReference, RefundId,
+    ReservationId,
 };
 pub use model::{
     Asset, AssetStatus, Event, EventData, EventSummary, EventType, Payment, PaymentFate,

@@ -1,6 +1,8 @@
 use serde::Serialize;
+use utoipa::openapi::schema::ObjectBuilder;
 use utoipa::ToSchema;
 
+use super::ids::{text_schema, AssetId, RefundId, ReservationId};
 use super::time::{serde_ts, Timestamp};
 
 macro_rules! text_enum {
@@ -120,15 +122,9 @@ text_enum!(@methods EventType {
 /// A one-of-a-kind asset as clients see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Asset {
-    /// Chosen by the operator.
-    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "EQ-88392")]
+    #[schema(schema_with = chosen_asset_id)]
     pub id: String,
-    #[schema(
-        min_length = 1,
-        max_length = 255,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\x9F][^\\x00-\\x1F\\x7F-\\x9F]*$",
-        example = "Caterpillar 320 excavator"
-    )]
+    #[schema(schema_with = Asset::name_schema)]
     pub name: String,
     /// The effective status: a lapsed hold reads AVAILABLE.
     pub status: AssetStatus,
@@ -157,7 +153,26 @@ pub struct Asset {
     pub holder: Option<String>,
 }
 
+/// An asset's id: chosen by the operator.
+fn chosen_asset_id() -> ObjectBuilder {
+    AssetId::schema().description(Some("Chosen by the operator."))
+}
+
 impl Asset {
+    /// The longest name, in characters.
+    pub const NAME_MAX: usize = 255;
+
+    /// A name: 1 to [`Asset::NAME_MAX`] characters, no control characters,
+    /// not only spaces.
+    pub fn name_schema() -> ObjectBuilder {
+        text_schema(
+            "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\x9F][^\\x00-\\x1F\\x7F-\\x9F]*$",
+            "Caterpillar 320 excavator",
+        )
+        .min_length(Some(1))
+        .max_length(Some(Self::NAME_MAX))
+    }
+
     /// The asset as `viewer` may see it: a storefront sees the current
     /// reservation only when it is its own. Availability is public.
     pub fn seen_by(mut self, viewer: Option<&str>) -> Self {
@@ -181,10 +196,7 @@ impl Asset {
 /// A buyer's hold on an asset and what became of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Reservation {
-    #[schema(
-        pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$",
-        example = "res_01HZX49R8T39QK6G7Y1W2V3N4P"
-    )]
+    #[schema(schema_with = reservation_id)]
     pub reservation_id: String,
     pub asset_id: String,
     pub buyer_id: String,
@@ -216,6 +228,10 @@ pub struct Reservation {
     /// it (`""` for sales recorded before scopes); not shown.
     #[serde(skip)]
     pub payment_scope: Option<String>,
+}
+
+fn reservation_id() -> ObjectBuilder {
+    text_schema(ReservationId::PATTERN, "res_01HZX49R8T39QK6G7Y1W2V3N4P")
 }
 
 impl Reservation {
@@ -254,13 +270,14 @@ impl Reservation {
     }
 }
 
+fn refund_id() -> ObjectBuilder {
+    text_schema(RefundId::PATTERN, "rf_01HZX4B2Q7C3M9D8E6F5G4H3J2")
+}
+
 /// A payment that holdfast could not honour and asks the payment system to give back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Refund {
-    #[schema(
-        pattern = "^rf_[0-9A-HJKMNP-TV-Z]{26}$",
-        example = "rf_01HZX4B2Q7C3M9D8E6F5G4H3J2"
-    )]
+    #[schema(schema_with = refund_id)]
     pub refund_id: String,
     pub reservation_id: String,
     pub asset_id: String,

@@ -2,32 +2,26 @@
 
 use std::collections::BTreeMap;
 
-use actix_web::{get, patch, post, web, HttpResponse};
+use actix_web::{get, patch, post, web};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{respond, ApiError};
-use super::extract::{cursor_of, page_of, JsonBody, Validator};
+use super::error::{respond, Answers, ApiError, ApiResult};
+use super::extract::{cursor_of, page_of, JsonBody, PageQuery, Validator};
 use super::paths::AssetPath;
-use super::AppState;
+use super::State;
 use crate::domain::{Asset, AssetId, AssetStatus, Event, Timestamp};
 use crate::reply::{self, ErrorCode, Problem, Reply};
 use crate::store::{AssetPage, ReinstateOutcome, WithdrawOutcome};
-use crate::telemetry::count;
 
 /// A new asset.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAssetRequest {
-    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "EQ-88392")]
+    #[schema(schema_with = AssetId::schema)]
     pub id: String,
-    #[schema(
-        min_length = 1,
-        max_length = 255,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]*[^\\x00-\\x20\\x7F-\\x9F][^\\x00-\\x1F\\x7F-\\x9F]*$",
-        example = "Caterpillar 320 excavator"
-    )]
+    #[schema(schema_with = Asset::name_schema)]
     pub name: String,
     /// When the sale opens (RFC 3339); holds before it answer 409 SALE_NOT_OPEN.
     #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-01T09:00:00Z")]
@@ -79,13 +73,12 @@ fn parse_instant(text: &str) -> Result<Timestamp, String> {
     Ok(instant)
 }
 
-const NAME_MAX: usize = 255;
-
 fn parse_name(name: &str) -> Result<String, String> {
     let n = name.chars().count();
-    if n == 0 || n > NAME_MAX || name.chars().all(|c| c == ' ') {
+    if n == 0 || n > Asset::NAME_MAX || name.chars().all(|c| c == ' ') {
         return Err(format!(
-            "must be 1 to {NAME_MAX} characters, not only spaces"
+            "must be 1 to {} characters, not only spaces",
+            Asset::NAME_MAX
         ));
     }
     if name.chars().any(char::is_control) {
@@ -106,9 +99,9 @@ fn parse_name(name: &str) -> Result<String, String> {
 #[post("/v1/assets")]
 pub async fn create_asset(
     _caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     body: JsonBody<CreateAssetRequest>,
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     let mut v = Validator::default();
     let id = v.check("id", AssetId::parse(&body.value.id));
     let name = v.check("name", parse_name(&body.value.name));
@@ -146,10 +139,10 @@ pub async fn create_asset(
 #[patch("/v1/assets/{asset_id}")]
 pub async fn update_asset(
     _caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     asset: AssetPath,
     body: JsonBody<UpdateAssetRequest>,
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     let id = asset.0;
     let mut v = Validator::default();
     let available_from = match &body.value.available_from {
@@ -170,8 +163,9 @@ pub async fn update_asset(
     }
 }
 
-const WITHDRAWALS: &str = "holdfast_withdrawals_total";
-const REINSTATEMENTS: &str = "holdfast_reinstatements_total";
+const WITHDRAWALS: Answers = Answers::new("holdfast_withdrawals_total", reply::asset_not_found);
+const REINSTATEMENTS: Answers =
+    Answers::new("holdfast_reinstatements_total", reply::asset_not_found);
 
 /// Take an asset off sale.
 ///
@@ -190,35 +184,24 @@ const REINSTATEMENTS: &str = "holdfast_reinstatements_total";
 #[post("/v1/assets/{asset_id}/withdraw")]
 pub async fn withdraw_asset(
     caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     asset: AssetPath,
     body: JsonBody<WithdrawAssetRequest, true>,
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     let id = asset.0;
     let force = body.value.force;
-    match state.store.withdraw(&id, force, &caller.name).await? {
-        WithdrawOutcome::Withdrawn(asset) => {
-            count(WITHDRAWALS, "withdrawn");
-            tracing::info!(asset_id = %asset.id, force, "asset withdrawn");
-            Ok(respond(Reply::json(200, &asset)))
-        }
-        WithdrawOutcome::Unchanged(asset) => {
-            count(WITHDRAWALS, "unchanged");
-            Ok(respond(Reply::json(200, &asset)))
-        }
-        WithdrawOutcome::Held(asset) => {
-            count(WITHDRAWALS, "held");
-            Err(reply::asset_held(&asset).into())
-        }
-        WithdrawOutcome::Sold(asset) => {
-            count(WITHDRAWALS, "sold");
-            Err(reply::asset_sold(&asset).into())
-        }
-        WithdrawOutcome::NotFound => {
-            count(WITHDRAWALS, "not_found");
-            Err(reply::asset_not_found().into())
-        }
-    }
+    WITHDRAWALS.send(
+        match state.store.withdraw(&id, force, &caller.name).await? {
+            WithdrawOutcome::Withdrawn(asset) => {
+                tracing::info!(asset_id = %asset.id, force, "asset withdrawn");
+                ("withdrawn", Reply::json(200, &asset))
+            }
+            WithdrawOutcome::Unchanged(asset) => ("unchanged", Reply::json(200, &asset)),
+            WithdrawOutcome::Held(asset) => ("held", reply::asset_held(&asset).into_reply()),
+            WithdrawOutcome::Sold(asset) => ("sold", reply::asset_sold(&asset).into_reply()),
+            WithdrawOutcome::NotFound => WITHDRAWALS.not_found(),
+        },
+    )
 }
 
 /// Put a withdrawn asset back on sale (AVAILABLE). Any other asset is
@@ -234,26 +217,19 @@ pub async fn withdraw_asset(
 #[post("/v1/assets/{asset_id}/reinstate")]
 pub async fn reinstate_asset(
     caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     asset: AssetPath,
     _body: JsonBody<ReinstateAssetRequest, true>,
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     let id = asset.0;
-    match state.store.reinstate(&id, &caller.name).await? {
+    REINSTATEMENTS.send(match state.store.reinstate(&id, &caller.name).await? {
         ReinstateOutcome::Reinstated(asset) => {
-            count(REINSTATEMENTS, "reinstated");
             tracing::info!(asset_id = %asset.id, "asset reinstated");
-            Ok(respond(Reply::json(200, &asset)))
+            ("reinstated", Reply::json(200, &asset))
         }
-        ReinstateOutcome::Unchanged(asset) => {
-            count(REINSTATEMENTS, "unchanged");
-            Ok(respond(Reply::json(200, &asset)))
-        }
-        ReinstateOutcome::NotFound => {
-            count(REINSTATEMENTS, "not_found");
-            Err(reply::asset_not_found().into())
-        }
-    }
+        ReinstateOutcome::Unchanged(asset) => ("unchanged", Reply::json(200, &asset)),
+        ReinstateOutcome::NotFound => REINSTATEMENTS.not_found(),
+    })
 }
 
 /// Read an asset with its effective status.
@@ -265,11 +241,7 @@ pub async fn reinstate_asset(
     )
 )]
 #[get("/v1/assets/{asset_id}")]
-pub async fn get_asset(
-    caller: Caller,
-    state: web::Data<AppState>,
-    asset: AssetPath,
-) -> Result<HttpResponse, ApiError> {
+pub async fn get_asset(caller: Caller, state: State, asset: AssetPath) -> ApiResult {
     let id = asset.0;
     match state.store.get_asset(&id).await? {
         Some(asset) => {
@@ -286,11 +258,9 @@ pub struct ListAssetsQuery {
     /// Only assets with this effective status.
     #[param(value_type = Option<AssetStatus>)]
     pub status: Option<String>,
-    /// Page size, 1 to 500 (default 50).
-    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
-    pub limit: Option<String>,
-    /// `next_cursor` of the previous page.
-    pub cursor: Option<String>,
+    #[serde(flatten)]
+    #[param(ignore)]
+    pub page: PageQuery<50>,
 }
 
 /// One page of assets.
@@ -301,12 +271,10 @@ pub struct AssetList {
     pub next_cursor: Option<String>,
 }
 
-const LIMIT_DEFAULT: i64 = 50;
-
 /// List assets in id order, optionally by effective status (keyset paging).
 #[utoipa::path(
     tag = "assets",
-    params(ListAssetsQuery),
+    params(ListAssetsQuery, PageQuery<50>),
     responses(
         (status = 200, description = "One page of assets", body = AssetList),
     )
@@ -314,21 +282,18 @@ const LIMIT_DEFAULT: i64 = 50;
 #[get("/v1/assets")]
 pub async fn list_assets(
     caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     query: web::Query<ListAssetsQuery>,
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     let mut v = Validator::default();
     let status = v.optional(
         "status",
         query.status.as_deref(),
         AssetStatus::parse_or_list,
     );
-    let page = v.page(
-        query.limit.as_deref(),
-        query.cursor.as_deref(),
-        LIMIT_DEFAULT,
-        |id| AssetId::parse(id).ok().map(|_| id.to_owned()),
-    );
+    let page = v.page(&query.page, |id| {
+        AssetId::parse(id).ok().map(|_| id.to_owned())
+    });
     v.finish()?;
     let items = state
         .store
@@ -364,10 +329,7 @@ pub struct AssetCounts {
     )
 )]
 #[get("/v1/asset-counts")]
-pub async fn count_assets(
-    _caller: Caller,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
+pub async fn count_assets(_caller: Caller, state: State) -> ApiResult {
     let mut counts: BTreeMap<String, i64> = AssetStatus::ALL
         .iter()
         .map(|status| (status.as_str().to_owned(), 0))
@@ -376,16 +338,6 @@ pub async fn count_assets(
         counts.insert(status.as_str().to_owned(), n);
     }
     Ok(respond(Reply::json(200, &AssetCounts { counts })))
-}
-
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct TimelineQuery {
-    /// Page size, 1 to 500 (default 500).
-    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
-    pub limit: Option<String>,
-    /// `next_cursor` of the previous page.
-    pub cursor: Option<String>,
 }
 
 /// One page of an asset's events.
@@ -397,8 +349,6 @@ pub struct EventList {
     pub next_cursor: Option<String>,
 }
 
-const TIMELINE_DEFAULT: i64 = 500;
-
 /// The asset's timeline: its events, oldest first, one page at a time.
 ///
 /// A storefront sees events about other clients' reservations as summaries
@@ -406,7 +356,7 @@ const TIMELINE_DEFAULT: i64 = 500;
 /// reservation, buyer or payment.
 #[utoipa::path(
     tag = "assets",
-    params(AssetPath, TimelineQuery),
+    params(AssetPath, PageQuery<500>),
     responses(
         (status = 200, description = "The asset's events", body = EventList),
     )
@@ -414,17 +364,12 @@ const TIMELINE_DEFAULT: i64 = 500;
 #[get("/v1/assets/{asset_id}/events")]
 pub async fn list_asset_events(
     caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     asset: AssetPath,
-    query: web::Query<TimelineQuery>,
-) -> Result<HttpResponse, ApiError> {
+    query: web::Query<PageQuery<500>>,
+) -> ApiResult {
     let mut v = Validator::default();
-    let page = v.page(
-        query.limit.as_deref(),
-        query.cursor.as_deref(),
-        TIMELINE_DEFAULT,
-        |n| n.parse::<i64>().ok().filter(|n| *n >= 0),
-    );
+    let page = v.page(&query, |n| n.parse::<i64>().ok().filter(|n| *n >= 0));
     v.finish()?;
     let after = page.after.unwrap_or(0);
     let Some(items) = state

@@ -30,57 +30,42 @@ fn file(content_type: &'static str, body: &'static str) -> HttpResponse {
         .body(body)
 }
 
-/// The operator console, a live board of assets, holds and refunds.
-///
-/// Counts per status, the asset board with live hold countdowns and buyers,
-/// refunds waiting, and each asset's timeline. With keys configured, a
-/// browser asks for an admin API key as the password of HTTP Basic (any user
-/// name).
-#[utoipa::path(
-    tag = "console",
-    responses((status = 200, description = "The console \
-        page", content_type = "text/html", body = String,
-        headers(
-            ("Content-Security-Policy" = String, description = "Only this origin; no inline \
-                code; never framed"),
-            ("Cache-Control" = String, description = "no-cache"),
-        )))
-)]
-#[get("/console")]
-pub async fn get_console(_caller: Caller) -> HttpResponse {
-    file("text/html; charset=utf-8", PAGE)
+/// Declares one handler (and operation) per file of the console: its
+/// route, its media type, its content, and what its answer is called.
+macro_rules! console_files {
+    ($(
+        $(#[$doc:meta])*
+        $handler:ident: $route:literal, $media:literal, $content:expr, $what:literal;
+    )*) => {$(
+        $(#[$doc])*
+        #[utoipa::path(
+            tag = "console",
+            responses((status = 200, description = $what, content_type = $media, body = String,
+                headers(
+                    ("Content-Security-Policy" = String, description = "Only this origin; no \
+                        inline code; never framed"),
+                    ("Cache-Control" = String, description = "no-cache"),
+                )))
+        )]
+        #[get($route)]
+        pub async fn $handler(_caller: Caller) -> HttpResponse {
+            file(concat!($media, "; charset=utf-8"), $content)
+        }
+    )*};
 }
 
-/// The console's stylesheet.
-#[utoipa::path(
-    tag = "console",
-    responses((status = 200, description = "The \
-        stylesheet", content_type = "text/css", body = String,
-        headers(
-            ("Content-Security-Policy" = String, description = "Only this origin; no inline \
-                code; never framed"),
-            ("Cache-Control" = String, description = "no-cache"),
-        )))
-)]
-#[get("/console/console.css")]
-pub async fn get_console_css(_caller: Caller) -> HttpResponse {
-    file("text/css; charset=utf-8", STYLESHEET)
-}
-
-/// The console's script.
-#[utoipa::path(
-    tag = "console",
-    responses((status = 200, description = "The \
-        script", content_type = "text/javascript", body = String,
-        headers(
-            ("Content-Security-Policy" = String, description = "Only this origin; no inline \
-                code; never framed"),
-            ("Cache-Control" = String, description = "no-cache"),
-        )))
-)]
-#[get("/console/console.js")]
-pub async fn get_console_js(_caller: Caller) -> HttpResponse {
-    file("text/javascript; charset=utf-8", SCRIPT)
+console_files! {
+    /// The operator console, a live board of assets, holds and refunds.
+    ///
+    /// Counts per status, the asset board with live hold countdowns and buyers,
+    /// refunds waiting, and each asset's timeline. With keys configured, a
+    /// browser asks for an admin API key as the password of HTTP Basic (any user
+    /// name).
+    get_console: "/console", "text/html", PAGE, "The console page";
+    /// The console's stylesheet.
+    get_console_css: "/console/console.css", "text/css", STYLESHEET, "The stylesheet";
+    /// The console's script.
+    get_console_js: "/console/console.js", "text/javascript", SCRIPT, "The script";
 }
 
 #[cfg(test)]

@@ -5,14 +5,14 @@
 use serde_json::Value;
 use utoipa::openapi::content::ContentBuilder;
 use utoipa::openapi::header::HeaderBuilder;
-use utoipa::openapi::path::Operation;
+use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, SchemaType, Type};
-use utoipa::openapi::{OpenApi, Ref, RefOr};
+use utoipa::openapi::{OpenApi, Ref, RefOr, Required};
 use utoipa::IntoParams;
 
-use super::error::PROBLEM_JSON;
-use super::operations::{self, Rule};
+use super::error::{PROBLEM_JSON, REPLAYED};
+use super::operations::{self, Input, Rule};
 use crate::domain::{AssetStatus, FieldError};
 use crate::reply::{self, ErrorCode, Problem};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
@@ -33,6 +33,27 @@ pub struct IdempotencyKeyParam {
         example = "8f14e45f-hold-1"
     )]
     pub idempotency_key: String,
+}
+
+/// A parameter of an operation, `description` of it and `schema` its value.
+/// Only path parameters are required.
+pub fn parameter(
+    name: &str,
+    parameter_in: ParameterIn,
+    description: impl Into<String>,
+    schema: impl Into<RefOr<Schema>>,
+) -> Parameter {
+    let required = match parameter_in {
+        ParameterIn::Path => Required::True,
+        _ => Required::False,
+    };
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(parameter_in)
+        .required(required)
+        .description(Some(description))
+        .schema(Some(schema))
+        .build()
 }
 
 use ErrorCode::*;
@@ -166,6 +187,9 @@ fn add_problems(operation: &mut Operation) {
     let Some(op) = operations::find(&id) else {
         return;
     };
+    if op.input == Input::KeyedBody {
+        add_key(operation);
+    }
     for (status, codes) in op.all_problems() {
         let narrowed = ObjectBuilder::new()
             .schema_type(SchemaType::Type(Type::Object))
@@ -220,6 +244,27 @@ fn add_problems(operation: &mut Operation) {
             .join(", ");
         let note = format!("\n\nRoles: {roles}.");
         operation.description = Some(operation.description.take().unwrap_or_default() + &note);
+    }
+}
+
+/// What every operation under an `Idempotency-Key` documents: the header,
+/// and on its 200 the mark of a replay (unless the 200 says it its own way).
+fn add_key(operation: &mut Operation) {
+    let key = IdempotencyKeyParam::into_params(|| None);
+    operation
+        .parameters
+        .get_or_insert_with(Vec::new)
+        .extend(key);
+    if let Some(RefOr::T(ok)) = operation.responses.responses.get_mut("200") {
+        ok.headers.entry(REPLAYED.to_owned()).or_insert_with(|| {
+            HeaderBuilder::new()
+                .schema(ObjectBuilder::new().schema_type(SchemaType::Type(Type::String)))
+                .description(Some(
+                    "`true` when this is the stored answer to an earlier request with this \
+                         key",
+                ))
+                .build()
+        });
     }
 }
 

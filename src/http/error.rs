@@ -13,6 +13,13 @@ use crate::telemetry::count;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// The header that marks an answer stored under an `Idempotency-Key` and
+/// sent again.
+pub const REPLAYED: &str = "Idempotent-Replayed";
+
+/// What a handler answers.
+pub type ApiResult = Result<HttpResponse, ApiError>;
+
 /// Seconds a client should wait before retrying a 503.
 const RETRY_AFTER_SECONDS: &str = "1";
 
@@ -153,7 +160,7 @@ pub fn respond(reply: Reply) -> HttpResponse {
         response.insert_header((header::LOCATION, location));
     }
     if reply.replayed {
-        response.insert_header(("Idempotent-Replayed", "true"));
+        response.insert_header((REPLAYED, "true"));
     }
     if reply.status == 503 {
         response.insert_header((header::RETRY_AFTER, RETRY_AFTER_SECONDS));
@@ -161,26 +168,47 @@ pub fn respond(reply: Reply) -> HttpResponse {
     response.body(reply.body)
 }
 
-/// The answer to a request with an `Idempotency-Key`, counted under
-/// `metric` by its outcome: a stored answer sent again (`replayed`), a key
-/// used for another request (`rejected`, 422), a target that does not exist
-/// (`not_found`, the problem `missing` makes), or the request's own outcome
-/// as `own` answers and labels it.
-pub fn keyed<T>(
-    metric: &'static str,
-    outcome: Keyed<T>,
-    missing: fn() -> Problem,
-    own: impl FnOnce(T) -> (&'static str, Reply),
-) -> Result<HttpResponse, ApiError> {
-    let (label, reply) = match outcome {
-        Keyed::Done(done) => own(done),
-        Keyed::Replayed(reply) => {
-            metrics::counter!("holdfast_idempotency_replays_total").increment(1);
-            ("replayed", reply)
-        }
-        Keyed::KeyReused => ("rejected", reply::key_reused().into_reply()),
-        Keyed::NotFound => ("not_found", missing().into_reply()),
-    };
-    count(metric, label);
-    Ok(respond(reply))
+/// How one operation's answers are counted: the metric of its outcomes,
+/// and the problem it answers when its target does not exist.
+#[derive(Debug, Clone, Copy)]
+pub struct Answers {
+    pub metric: &'static str,
+    pub missing: fn() -> Problem,
+}
+
+impl Answers {
+    pub const fn new(metric: &'static str, missing: fn() -> Problem) -> Self {
+        Self { metric, missing }
+    }
+
+    /// Sends `reply`, counted under `label`.
+    pub fn send(&self, (label, reply): (&'static str, Reply)) -> ApiResult {
+        count(self.metric, label);
+        Ok(respond(reply))
+    }
+
+    /// The answer about a target that does not exist.
+    pub fn not_found(&self) -> (&'static str, Reply) {
+        ("not_found", (self.missing)().into_reply())
+    }
+
+    /// The answer to a request with an `Idempotency-Key`: a stored answer
+    /// sent again (`replayed`), a key used for another request (`rejected`,
+    /// 422), a target that does not exist (`not_found`), or the request's
+    /// own outcome as `own` answers and labels it.
+    pub fn keyed<T>(
+        &self,
+        outcome: Keyed<T>,
+        own: impl FnOnce(T) -> (&'static str, Reply),
+    ) -> ApiResult {
+        self.send(match outcome {
+            Keyed::Done(done) => own(done),
+            Keyed::Replayed(reply) => {
+                metrics::counter!("holdfast_idempotency_replays_total").increment(1);
+                ("replayed", reply)
+            }
+            Keyed::KeyReused => ("rejected", reply::key_reused().into_reply()),
+            Keyed::NotFound => self.not_found(),
+        })
+    }
 }

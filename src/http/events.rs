@@ -7,13 +7,13 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{respond, ApiError};
-use super::extract::{page_limit, Validator};
+use super::error::{respond, ApiError, ApiResult};
+use super::extract::Validator;
 use super::paths::EventPath;
-use super::AppState;
+use super::State;
 use crate::domain::Event;
 use crate::reply::{self, Reply};
-use crate::store::FeedCursor;
+use crate::store::{FeedCursor, FeedPage};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -55,20 +55,20 @@ fn decode(text: &str) -> Result<FeedCursor, String> {
     }
 }
 
-fn page_params(query: &FeedQuery) -> Result<(FeedCursor, i64), ApiError> {
+/// The page of the feed (or of its dead events) that `query` asks for.
+fn feed_page(query: &FeedQuery, dead: bool) -> Result<FeedPage, ApiError> {
     let mut v = Validator::default();
     let after = v
         .check("after", query.after.as_deref().map(decode).transpose())
         .flatten()
         .unwrap_or_default();
-    let limit = v
-        .check("limit", page_limit(query.limit.as_deref(), LIMIT_DEFAULT))
-        .unwrap_or(LIMIT_DEFAULT);
+    let limit = v.limit(query.limit.as_deref(), LIMIT_DEFAULT);
     v.finish()?;
-    Ok((after, limit))
+    Ok(FeedPage { after, limit, dead })
 }
 
-fn page(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
+/// The events of a page read after `after`, and where the next one starts.
+fn feed_answer(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
     let next = rows.last().map_or(after, |(c, _)| *c);
     let items = rows.into_iter().map(|(_, e)| e).collect();
     respond(Reply::json(
@@ -92,19 +92,15 @@ fn page(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpResponse {
     responses((status = 200, description = "One page of the feed", body = EventPage))
 )]
 #[get("/v1/events")]
-pub async fn list_events(
-    caller: Caller,
-    state: web::Data<AppState>,
-    query: web::Query<FeedQuery>,
-) -> Result<HttpResponse, ApiError> {
-    let (after, limit) = page_params(&query)?;
+pub async fn list_events(caller: Caller, state: State, query: web::Query<FeedQuery>) -> ApiResult {
+    let page = feed_page(&query, false)?;
     let viewer = caller.owner_filter();
-    let rows = state.store.event_feed(after, limit).await?;
+    let rows = state.store.event_feed(page).await?;
     let rows = rows
         .into_iter()
         .map(|(cursor, event)| (cursor, event.seen_by(viewer.as_deref())))
         .collect();
-    Ok(page(after, rows))
+    Ok(feed_answer(page.after, rows))
 }
 
 /// Events whose delivery failed too often and was given up, oldest first.
@@ -116,11 +112,11 @@ pub async fn list_events(
 #[get("/v1/events/dead")]
 pub async fn list_dead_events(
     _caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     query: web::Query<FeedQuery>,
-) -> Result<HttpResponse, ApiError> {
-    let (after, limit) = page_params(&query)?;
-    Ok(page(after, state.store.dead_events(after, limit).await?))
+) -> ApiResult {
+    let page = feed_page(&query, true)?;
+    Ok(feed_answer(page.after, state.store.event_feed(page).await?))
 }
 
 /// Deliver an event again (dead or not): its attempts start over.
@@ -130,11 +126,7 @@ pub async fn list_dead_events(
     responses((status = 202, description = "Scheduled for delivery", body = Event))
 )]
 #[post("/v1/events/{event_id}/redeliver")]
-pub async fn redeliver_event(
-    _caller: Caller,
-    state: web::Data<AppState>,
-    event: EventPath,
-) -> Result<HttpResponse, ApiError> {
+pub async fn redeliver_event(_caller: Caller, state: State, event: EventPath) -> ApiResult {
     match state.store.redeliver(&event.0).await? {
         Some(event) => Ok(respond(Reply::json(202, &event))),
         None => Err(reply::event_not_found().into()),

@@ -7,10 +7,15 @@ use actix_web::dev::Payload;
 use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpRequest};
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use utoipa::openapi::path::{Parameter, ParameterIn};
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, SchemaType, Type};
+use utoipa::IntoParams;
 
 use super::access::Caller;
+use super::docs::parameter;
 use super::error::ApiError;
 use super::AppState;
 use crate::domain::{FieldError, IdempotencyKey};
@@ -280,6 +285,35 @@ pub fn page_limit(raw: Option<&str>, default: i64) -> Result<i64, String> {
     }
 }
 
+/// The `limit` and `cursor` of a keyset-paged list, whose pages hold
+/// `DEFAULT` items when no limit is given.
+#[derive(Debug, Deserialize)]
+pub struct PageQuery<const DEFAULT: i64> {
+    pub limit: Option<String>,
+    pub cursor: Option<String>,
+}
+
+impl<const DEFAULT: i64> IntoParams for PageQuery<DEFAULT> {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let size = format!("Page size, 1 to {PAGE_MAX} (default {DEFAULT}).");
+        let limit = ObjectBuilder::new()
+            .schema_type(SchemaType::Type(Type::Integer))
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .maximum(Some(PAGE_MAX as f64))
+            .minimum(Some(1));
+        let cursor = ObjectBuilder::new().schema_type(SchemaType::Type(Type::String));
+        vec![
+            parameter("limit", ParameterIn::Query, size, limit),
+            parameter(
+                "cursor",
+                ParameterIn::Query,
+                "`next_cursor` of the previous page.",
+                cursor,
+            ),
+        ]
+    }
+}
+
 /// Where a keyset-paged list starts and how much it holds.
 #[derive(Debug, Clone)]
 pub struct PageRequest<K> {
@@ -321,6 +355,11 @@ pub fn page_of<T>(
     (items, next)
 }
 
+/// One field checked on its own: its value, or the 422 that names it.
+pub fn checked<T>(field: &str, result: Result<T, String>) -> Result<T, ApiError> {
+    result.map_err(|message| reply::validation_failed(vec![FieldError::new(field, message)]).into())
+}
+
 /// Collects field errors and fails with 422 when there are any.
 #[derive(Default)]
 pub struct Validator {
@@ -343,18 +382,21 @@ impl Validator {
         reply::validation_failed(self.errors).into()
     }
 
-    /// Checks `limit` (1 to 500, `default` when absent) and `cursor` (one
-    /// this service issued, whose key `key` reads).
-    pub fn page<K>(
+    /// Checks a `limit` (1 to [`PAGE_MAX`], `default` when absent).
+    pub fn limit(&mut self, raw: Option<&str>, default: i64) -> i64 {
+        self.check("limit", page_limit(raw, default))
+            .unwrap_or(default)
+    }
+
+    /// Checks a page's `limit` and its `cursor` (one this service issued,
+    /// whose key `key` reads).
+    pub fn page<K, const DEFAULT: i64>(
         &mut self,
-        limit: Option<&str>,
-        cursor: Option<&str>,
-        default: i64,
+        query: &PageQuery<DEFAULT>,
         key: fn(&str) -> Option<K>,
     ) -> PageRequest<K> {
-        let limit = self
-            .check("limit", page_limit(limit, default))
-            .unwrap_or(default);
+        let limit = self.limit(query.limit.as_deref(), DEFAULT);
+        let cursor = query.cursor.as_deref();
         let after = self
             .check("cursor", cursor.map(|c| key_in(c, key)).transpose())
             .flatten();

@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-use actix_web::{get, web, HttpResponse};
+use actix_web::{get, HttpResponse};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::error::{respond, ApiError};
-use super::AppState;
+use super::error::{respond, ApiResult};
+use super::State;
 use crate::reply::{self, Reply};
 use crate::store::WriteOutcome;
 
@@ -38,7 +38,7 @@ pub async fn get_health() -> HttpResponse {
     )
 )]
 #[get("/readyz")]
-pub async fn get_readiness(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub async fn get_readiness(state: State) -> ApiResult {
     match tokio::time::timeout(READY_TIMEOUT, state.store.ping()).await {
         Ok(Ok(())) => Ok(respond(Reply::json(200, &Health { status: "ready" }))),
         Ok(Err(e)) => {

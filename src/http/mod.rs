@@ -42,6 +42,9 @@ pub struct AppState {
     pub openapi_json: String,
 }
 
+/// What handlers take to reach it.
+pub type State = web::Data<AppState>;
+
 /// What a commit after its hold lapsed does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LateCommit {

@@ -336,6 +336,25 @@ mod tests {
         }
     }
 
+    /// An operation registered in `configure` without an entry here (whose
+    /// document would lack its problems and roles), or an entry without an
+    /// operation, fails this test.
+    #[test]
+    fn the_table_and_the_document_list_the_same_operations() {
+        let api = crate::http::openapi();
+        let mut documented: Vec<String> = api
+            .paths
+            .paths
+            .values()
+            .flat_map(crate::http::operations)
+            .map(|(_, id)| id)
+            .collect();
+        documented.sort();
+        let mut listed: Vec<String> = OPERATIONS.iter().map(|op| op.id.to_owned()).collect();
+        listed.sort();
+        assert_eq!(documented, listed);
+    }
+
     #[test]
     fn keyed_operations_document_the_key_errors() {
         let hold = find("hold_asset").unwrap().all_problems();

@@ -5,11 +5,11 @@
 
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest};
-use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
+use utoipa::openapi::path::{Parameter, ParameterIn};
 use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
-use utoipa::openapi::Required;
 use utoipa::IntoParams;
 
+use super::docs::parameter;
 use super::error::ApiError;
 use crate::domain::{AssetId, EventId, PaymentReference, RefundId, ReservationId};
 use crate::reply::{self, Problem};
@@ -20,8 +20,8 @@ macro_rules! path_param {
         $name:ident($inner:ty): $param:literal,
         parse = $parse:expr,
         missing = $missing:path,
-        pattern = $pattern:literal,
-        description = $description:literal $(,)?
+        pattern = $pattern:expr,
+        description = $description:expr $(,)?
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone)]
@@ -46,19 +46,27 @@ macro_rules! path_param {
 
         impl IntoParams for $name {
             fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
-                vec![ParameterBuilder::new()
-                    .name($param)
-                    .parameter_in(ParameterIn::Path)
-                    .required(Required::True)
-                    .description(Some($description))
-                    .schema(Some(
-                        ObjectBuilder::new()
-                            .schema_type(SchemaType::Type(Type::String))
-                            .pattern(Some($pattern)),
-                    ))
-                    .build()]
+                let schema = ObjectBuilder::new()
+                    .schema_type(SchemaType::Type(Type::String))
+                    .pattern(Some($pattern));
+                vec![parameter($param, ParameterIn::Path, $description, schema)]
             }
         }
+    };
+    // An id of a prefix and a ULID: its type parses and patterns it.
+    (
+        $(#[$meta:meta])*
+        $name:ident($inner:ident): $param:literal,
+        missing = $missing:path $(,)?
+    ) => {
+        path_param!(
+            $(#[$meta])*
+            $name($inner): $param,
+            parse = $inner::parse,
+            missing = $missing,
+            pattern = $inner::PATTERN,
+            description = format!("{} followed by a ULID", $inner::PREFIX),
+        );
     };
 }
 
@@ -67,35 +75,26 @@ path_param!(
     AssetPath(AssetId): "asset_id",
     parse = |s| AssetId::parse(s).ok(),
     missing = reply::asset_not_found,
-    pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+    pattern = AssetId::PATTERN,
     description = "The asset's id",
 );
 
 path_param!(
     /// `{reservation_id}`.
     ReservationPath(ReservationId): "reservation_id",
-    parse = ReservationId::parse,
     missing = reply::reservation_not_found,
-    pattern = "^res_[0-9A-HJKMNP-TV-Z]{26}$",
-    description = "res_ followed by a ULID",
 );
 
 path_param!(
     /// `{refund_id}`.
     RefundPath(RefundId): "refund_id",
-    parse = RefundId::parse,
     missing = reply::refund_not_found,
-    pattern = "^rf_[0-9A-HJKMNP-TV-Z]{26}$",
-    description = "rf_ followed by a ULID",
 );
 
 path_param!(
     /// `{event_id}`.
     EventPath(EventId): "event_id",
-    parse = EventId::parse,
     missing = reply::event_not_found,
-    pattern = "^evt_[0-9A-HJKMNP-TV-Z]{26}$",
-    description = "evt_ followed by a ULID",
 );
 
 path_param!(

@@ -1,14 +1,14 @@
 //! Payments: what became of a payment reference, for reconciliation and for
 //! a payment system whose idempotency key is lost.
 
-use actix_web::{get, web, HttpResponse};
+use actix_web::{get, web};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::access::Caller;
-use super::error::{respond, ApiError};
+use super::error::{respond, ApiResult};
 use super::paths::PaymentPath;
-use super::AppState;
+use super::State;
 use crate::domain::{FieldError, Payment};
 use crate::keys::{self, Role};
 use crate::reply::{self, Reply};
@@ -36,10 +36,10 @@ pub struct PaymentQuery {
 #[get("/v1/payments/{payment_reference}")]
 pub async fn get_payment(
     caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     payment: PaymentPath,
     query: web::Query<PaymentQuery>,
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     let reference = payment.0;
     if let Some(client) = query.client.as_deref().filter(|c| !keys::is_key_name(c)) {
         return Err(reply::validation_failed(vec![FieldError::new(

@@ -1,19 +1,19 @@
 //! Reservations: hold, read, commit, release, extend, void, list. Every POST
 //! takes an Idempotency-Key.
 
-use actix_web::{get, post, web, HttpResponse};
+use actix_web::{get, post, web};
 use serde::{Deserialize, Serialize};
+use utoipa::openapi::schema::ObjectBuilder;
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::docs::IdempotencyKeyParam;
-use super::error::{keyed, respond, ApiError};
-use super::extract::{cursor_of, page_of, KeyedRequest, Validator};
+use super::error::{respond, Answers, ApiResult};
+use super::extract::{checked, cursor_of, page_of, KeyedRequest, PageQuery, Validator};
 use super::paths::{AssetPath, ReservationPath};
-use super::AppState;
-use super::LateCommit;
+use super::{LateCommit, State};
 use crate::domain::{
-    AssetId, BuyerId, PaymentReference, RefundReason, Reservation, ReservationId, ReservationStatus,
+    printable_schema, AssetId, BuyerId, PaymentReference, RefundReason, Reservation, ReservationId,
+    ReservationStatus,
 };
 use crate::reply::{self, Reply};
 use crate::store::{
@@ -25,13 +25,7 @@ use crate::store::{
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HoldAssetRequest {
-    /// The buyer, opaque to holdfast: 1 to 64 characters, no control characters.
-    #[schema(
-        min_length = 1,
-        max_length = 64,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$",
-        example = "buyer-4411"
-    )]
+    #[schema(schema_with = buyer_id)]
     pub buyer_id: String,
     /// Hold length in seconds, default 600 (HOLDFAST_HOLD_SECONDS), within
     /// HOLDFAST_HOLD_SECONDS_MIN..=HOLDFAST_HOLD_SECONDS_MAX (by default 30..=3600,
@@ -44,16 +38,22 @@ pub struct HoldAssetRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CommitReservationRequest {
-    /// 1 to 128 characters, no control characters. Has exactly one fate: it
-    /// buys one reservation, or it is refunded once. Scoped by the payments
-    /// client's API key name.
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]+$",
-        example = "pay_7Hq2x9"
-    )]
+    #[schema(schema_with = payment_reference)]
     pub payment_reference: String,
+}
+
+fn buyer_id() -> ObjectBuilder {
+    printable_schema(BuyerId::MAX_LEN, "buyer-4411").description(Some(
+        "The buyer, opaque to holdfast: 1 to 64 characters, no control characters.",
+    ))
+}
+
+fn payment_reference() -> ObjectBuilder {
+    printable_schema(PaymentReference::MAX_LEN, "pay_7Hq2x9").description(Some(
+        "1 to 128 characters, no control characters. Has exactly one fate: it\n\
+         buys one reservation, or it is refunded once. Scoped by the payments\n\
+         client's API key name.",
+    ))
 }
 
 /// Release takes no body, or `{}`.
@@ -64,7 +64,7 @@ pub struct ReleaseReservationRequest {}
 /// Hold an asset for a buyer. One winner per asset; everyone else gets 409 at once.
 #[utoipa::path(
     tag = "reservations",
-    params(AssetPath, IdempotencyKeyParam),
+    params(AssetPath),
     request_body = HoldAssetRequest,
     responses(
         (status = 201, description = "Held", body = Reservation,
@@ -79,63 +79,52 @@ pub struct ReleaseReservationRequest {}
 #[post("/v1/assets/{asset_id}/reservations")]
 pub async fn hold_asset(
     request: KeyedRequest<HoldAssetRequest>,
-    state: web::Data<AppState>,
+    state: State,
     asset: AssetPath,
-) -> Result<HttpResponse, ApiError> {
-    let KeyedRequest {
-        caller,
-        idempotency,
-        body,
-    } = request;
+) -> ApiResult {
+    let body = &request.body;
     let mut v = Validator::default();
     let buyer_id = v.check("buyer_id", BuyerId::parse(&body.buyer_id));
-    let hold_seconds = v.check(
-        "hold_seconds",
-        state.api.hold_bounds.hold_seconds(body.hold_seconds),
-    );
+    let hold_seconds = state.api.hold_bounds.hold_seconds(body.hold_seconds);
+    let hold_seconds = v.check("hold_seconds", hold_seconds);
     let (Some(buyer_id), Some(hold_seconds)) = (buyer_id, hold_seconds) else {
         return Err(v.failed());
     };
     let span = tracing::Span::current();
     span.record("asset_id", asset.0.as_str());
-    span.record("idempotency_key", idempotency.key.as_str());
+    span.record("idempotency_key", request.idempotency.key.as_str());
     let request = HoldRequest {
         asset_id: asset.0,
         buyer_id,
         hold_seconds,
-        owner: caller.name.clone(),
+        owner: request.caller.name,
         max_live_holds: state.api.max_live_holds,
-        idempotency,
+        idempotency: request.idempotency,
     };
     let outcome = state.store.hold(&request).await?;
-    keyed(
-        "holdfast_holds_total",
-        outcome,
-        reply::asset_not_found,
-        |held| match held {
-            HoldOutcome::Created(reply) => {
-                let buyer = request.buyer_id.as_str();
-                let location = reply.location.as_deref();
-                tracing::info!(location, buyer_id = buyer, "asset held");
-                ("created", reply)
-            }
-            HoldOutcome::Unavailable {
-                status,
-                hold_expires_at,
-            } => (
-                "conflict",
-                reply::asset_unavailable_reply(status, hold_expires_at),
-            ),
-            HoldOutcome::SaleNotOpen { available_from } => (
-                "not_open",
-                reply::sale_not_open(available_from).into_reply(),
-            ),
-            HoldOutcome::LimitReached { limit } => (
-                "limit_reached",
-                reply::hold_limit_reached(limit).into_reply(),
-            ),
-        },
-    )
+    HOLDS.keyed(outcome, |held| match held {
+        HoldOutcome::Created(reply) => {
+            let buyer = request.buyer_id.as_str();
+            let location = reply.location.as_deref();
+            tracing::info!(location, buyer_id = buyer, "asset held");
+            ("created", reply)
+        }
+        HoldOutcome::Unavailable {
+            status,
+            hold_expires_at,
+        } => (
+            "conflict",
+            reply::asset_unavailable_reply(status, hold_expires_at),
+        ),
+        HoldOutcome::SaleNotOpen { available_from } => (
+            "not_open",
+            reply::sale_not_open(available_from).into_reply(),
+        ),
+        HoldOutcome::LimitReached { limit } => (
+            "limit_reached",
+            reply::hold_limit_reached(limit).into_reply(),
+        ),
+    })
 }
 
 /// Read a reservation with its effective status and refunds.
@@ -149,9 +138,9 @@ pub async fn hold_asset(
 #[get("/v1/reservations/{reservation_id}")]
 pub async fn get_reservation(
     caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     reservation: ReservationPath,
-) -> Result<HttpResponse, ApiError> {
+) -> ApiResult {
     // Another storefront's reservation does not exist for this caller: the
     // query itself filters by owner, so it costs what a missing one costs.
     let visible_to = caller.owner_filter();
@@ -189,119 +178,88 @@ pub async fn get_reservation(
 /// answers its fate.
 #[utoipa::path(
     tag = "reservations",
-    params(ReservationPath, IdempotencyKeyParam),
+    params(ReservationPath),
     request_body = CommitReservationRequest,
     responses(
         (status = 200, description = "COMMITTED (or already committed with this payment, or a \
-            replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
-             answer to an earlier request with this key"))),
+            replay)", body = Reservation),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/commit")]
 pub async fn commit_reservation(
     request: KeyedRequest<CommitReservationRequest>,
-    state: web::Data<AppState>,
+    state: State,
     reservation: ReservationPath,
-) -> Result<HttpResponse, ApiError> {
-    let KeyedRequest {
-        caller,
-        idempotency,
-        body,
-    } = request;
-    let mut v = Validator::default();
-    let payment = v.check(
-        "payment_reference",
-        PaymentReference::parse(&body.payment_reference),
-    );
-    let Some(payment_reference) = payment else {
-        return Err(v.failed());
-    };
+) -> ApiResult {
+    let payment = PaymentReference::parse(&request.body.payment_reference);
     let request = CommitRequest {
-        reservation_id: record_reservation(reservation.0, &idempotency),
-        payment_reference,
-        payment_scope: caller.name.clone(),
-        idempotency,
+        payment_reference: checked("payment_reference", payment)?,
+        reservation_id: record_reservation(reservation.0, &request.idempotency),
+        payment_scope: request.caller.name,
+        idempotency: request.idempotency,
         accept_late: state.api.late_commit == LateCommit::AcceptIfFree,
     };
     let outcome = state.store.commit(&request).await?;
-    keyed(
-        "holdfast_commits_total",
-        outcome,
-        reply::reservation_not_found,
-        |committed| match committed {
-            CommitOutcome::Committed(reply) => {
-                tracing::info!("reservation committed; asset sold");
-                ("committed", reply)
-            }
-            CommitOutcome::CommittedLate(reply) => {
-                tracing::info!("late payment accepted; asset was free and is sold");
-                ("committed_late", reply)
-            }
-            CommitOutcome::Refunded { reply, reason } => {
-                metrics::counter!("holdfast_refunds_requested_total", "reason" => reason.as_str())
-                    .increment(1);
-                tracing::info!(reason = reason.as_str(), "commit refused; refund requested");
-                (refusal(reason), reply)
-            }
-            CommitOutcome::Refused { reply, reason } => (refusal(reason), reply),
-            CommitOutcome::SaleVoided(reply) => ("not_active", reply),
-            CommitOutcome::AlreadyCommitted(r) => ("unchanged", reply::reservation_ok(&r)),
-            CommitOutcome::PaymentReferenceUsed {
-                reservation,
-                payment,
-            } => (
-                "payment_reference_used",
-                reply::payment_reference_used(&reservation, &payment).into_reply(),
-            ),
-        },
-    )
+    COMMITS.keyed(outcome, |committed| match committed {
+        CommitOutcome::Committed(reply) => {
+            tracing::info!("reservation committed; asset sold");
+            ("committed", reply)
+        }
+        CommitOutcome::CommittedLate(reply) => {
+            tracing::info!("late payment accepted; asset was free and is sold");
+            ("committed_late", reply)
+        }
+        CommitOutcome::Refunded { reply, reason } => {
+            metrics::counter!("holdfast_refunds_requested_total", "reason" => reason.as_str())
+                .increment(1);
+            tracing::info!(reason = reason.as_str(), "commit refused; refund requested");
+            (refusal(reason), reply)
+        }
+        CommitOutcome::Refused { reply, reason } => (refusal(reason), reply),
+        CommitOutcome::SaleVoided(reply) => ("not_active", reply),
+        CommitOutcome::AlreadyCommitted(r) => ("unchanged", reply::reservation_ok(&r)),
+        CommitOutcome::PaymentReferenceUsed {
+            reservation,
+            payment,
+        } => (
+            "payment_reference_used",
+            reply::payment_reference_used(&reservation, &payment).into_reply(),
+        ),
+    })
 }
 
 /// Release a hold: the asset is AVAILABLE at once.
 #[utoipa::path(
     tag = "reservations",
-    params(ReservationPath, IdempotencyKeyParam),
+    params(ReservationPath),
     request_body(content = Option<ReleaseReservationRequest>, description = "No body, or {}"),
     responses(
         (status = 200, description = "RELEASED (or released before, or a \
-            replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
-             answer to an earlier request with this key"))),
+            replay)", body = Reservation),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/release")]
 pub async fn release_reservation(
     request: KeyedRequest<ReleaseReservationRequest, true>,
-    state: web::Data<AppState>,
+    state: State,
     reservation: ReservationPath,
-) -> Result<HttpResponse, ApiError> {
-    let KeyedRequest {
-        caller,
-        idempotency,
-        body: _,
-    } = request;
+) -> ApiResult {
     let request = ReleaseRequest {
-        reservation_id: record_reservation(reservation.0, &idempotency),
-        visible_to: caller.owner_filter(),
-        idempotency,
+        reservation_id: record_reservation(reservation.0, &request.idempotency),
+        visible_to: request.caller.owner_filter(),
+        idempotency: request.idempotency,
     };
     let outcome = state.store.release(&request).await?;
-    keyed(
-        "holdfast_releases_total",
-        outcome,
-        reply::reservation_not_found,
-        |released| match released {
-            ReleaseOutcome::Released(reply) => {
-                tracing::info!("reservation released; asset available");
-                ("released", reply)
-            }
-            ReleaseOutcome::AlreadyReleased(r) => ("unchanged", reply::reservation_ok(&r)),
-            ReleaseOutcome::NotActive(r) => {
-                ("not_active", reply::reservation_not_active(&r).into_reply())
-            }
-        },
-    )
+    RELEASES.keyed(outcome, |released| match released {
+        ReleaseOutcome::Released(reply) => {
+            tracing::info!("reservation released; asset available");
+            ("released", reply)
+        }
+        ReleaseOutcome::AlreadyReleased(r) => ("unchanged", reply::reservation_ok(&r)),
+        ReleaseOutcome::NotActive(r) => {
+            ("not_active", reply::reservation_not_active(&r).into_reply())
+        }
+    })
 }
 
 /// How much longer a live hold should run.
@@ -323,60 +281,45 @@ pub struct ExtendReservationRequest {
 /// HOLD_EXTENSION_LIMIT. Event `reservation.extended`.
 #[utoipa::path(
     tag = "reservations",
-    params(ReservationPath, IdempotencyKeyParam),
+    params(ReservationPath),
     request_body = ExtendReservationRequest,
     responses(
         (status = 200, description = "The hold with its new expiry (or a \
-            replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
-             answer to an earlier request with this key"))),
+            replay)", body = Reservation),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/extend")]
 pub async fn extend_reservation(
     request: KeyedRequest<ExtendReservationRequest>,
-    state: web::Data<AppState>,
+    state: State,
     reservation: ReservationPath,
-) -> Result<HttpResponse, ApiError> {
-    let KeyedRequest {
-        caller,
-        idempotency,
-        body,
-    } = request;
-    let mut v = Validator::default();
-    let hold_seconds = v.check(
-        "hold_seconds",
-        state.api.hold_bounds.hold_seconds(Some(body.hold_seconds)),
-    );
-    let Some(hold_seconds) = hold_seconds else {
-        return Err(v.failed());
-    };
+) -> ApiResult {
+    let hold_seconds = state
+        .api
+        .hold_bounds
+        .hold_seconds(Some(request.body.hold_seconds));
+    let hold_seconds = checked("hold_seconds", hold_seconds)?;
     let request = ExtendRequest {
-        reservation_id: record_reservation(reservation.0, &idempotency),
+        reservation_id: record_reservation(reservation.0, &request.idempotency),
         hold_seconds,
         max_total_seconds: state.api.hold_max_total_seconds,
-        visible_to: caller.owner_filter(),
-        idempotency,
+        visible_to: request.caller.owner_filter(),
+        idempotency: request.idempotency,
     };
     let outcome = state.store.extend(&request).await?;
-    keyed(
-        "holdfast_extensions_total",
-        outcome,
-        reply::reservation_not_found,
-        |extended| match extended {
-            ExtendOutcome::Extended(reply) => {
-                tracing::info!(hold_seconds, "hold extended");
-                ("extended", reply)
-            }
-            ExtendOutcome::NotActive(r) => {
-                ("not_active", reply::reservation_not_active(&r).into_reply())
-            }
-            ExtendOutcome::LimitReached(r) => (
-                "limit_reached",
-                reply::hold_extension_limit(&r, request.max_total_seconds).into_reply(),
-            ),
-        },
-    )
+    EXTENSIONS.keyed(outcome, |extended| match extended {
+        ExtendOutcome::Extended(reply) => {
+            tracing::info!(hold_seconds, "hold extended");
+            ("extended", reply)
+        }
+        ExtendOutcome::NotActive(r) => {
+            ("not_active", reply::reservation_not_active(&r).into_reply())
+        }
+        ExtendOutcome::LimitReached(r) => (
+            "limit_reached",
+            reply::hold_extension_limit(&r, request.max_total_seconds).into_reply(),
+        ),
+    })
 }
 
 /// Voiding takes no body, `{}`, or `{"refund": false}`.
@@ -411,48 +354,34 @@ fn yes() -> bool {
 /// API key that voided it as `actor`.
 #[utoipa::path(
     tag = "reservations",
-    params(ReservationPath, IdempotencyKeyParam),
+    params(ReservationPath),
     request_body(content = Option<VoidReservationRequest>, description = "Optional"),
     responses(
         (status = 200, description = "VOIDED, with its refund (or voided before, or a \
-            replay)", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored \
-             answer to an earlier request with this key"))),
+            replay)", body = Reservation),
     )
 )]
 #[post("/v1/reservations/{reservation_id}/void")]
 pub async fn void_reservation(
     request: KeyedRequest<VoidReservationRequest, true>,
-    state: web::Data<AppState>,
+    state: State,
     reservation: ReservationPath,
-) -> Result<HttpResponse, ApiError> {
-    let KeyedRequest {
-        caller,
-        idempotency,
-        body,
-    } = request;
+) -> ApiResult {
     let request = VoidRequest {
-        reservation_id: record_reservation(reservation.0, &idempotency),
-        refund: body.refund,
-        actor: caller.name.clone(),
-        idempotency,
+        reservation_id: record_reservation(reservation.0, &request.idempotency),
+        refund: request.body.refund,
+        actor: request.caller.name,
+        idempotency: request.idempotency,
     };
     let outcome = state.store.void(&request).await?;
-    keyed(
-        "holdfast_voids_total",
-        outcome,
-        reply::reservation_not_found,
-        |voided| match voided {
-            VoidOutcome::Voided(reply) => {
-                tracing::info!(refund = request.refund, "sale voided; asset available");
-                ("voided", reply)
-            }
-            VoidOutcome::AlreadyVoided(r) => ("unchanged", reply::reservation_ok(&r)),
-            VoidOutcome::NotActive(r) => {
-                ("not_active", reply::reservation_not_active(&r).into_reply())
-            }
-        },
-    )
+    VOIDS.keyed(outcome, |voided| match voided {
+        VoidOutcome::Voided(reply) => {
+            tracing::info!(refund = request.refund, "sale voided; asset available");
+            ("voided", reply)
+        }
+        VoidOutcome::AlreadyVoided(r) => ("unchanged", reply::reservation_ok(&r)),
+        VoidOutcome::NotActive(r) => ("not_active", reply::reservation_not_active(&r).into_reply()),
+    })
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -465,11 +394,9 @@ pub struct ListReservationsQuery {
     /// Only reservations with this effective status.
     #[param(value_type = Option<ReservationStatus>)]
     pub status: Option<String>,
-    /// Page size, 1 to 500 (default 50).
-    #[param(value_type = Option<i64>, minimum = 1, maximum = 500)]
-    pub limit: Option<String>,
-    /// `next_cursor` of the previous page.
-    pub cursor: Option<String>,
+    #[serde(flatten)]
+    #[param(ignore)]
+    pub page: PageQuery<50>,
 }
 
 /// One page of reservations, newest first.
@@ -484,7 +411,7 @@ pub struct ReservationList {
 /// effective status. A storefront key sees the reservations it made.
 #[utoipa::path(
     tag = "reservations",
-    params(ListReservationsQuery),
+    params(ListReservationsQuery, PageQuery<50>),
     responses(
         (status = 200, description = "One page of reservations", body = ReservationList),
     )
@@ -492,10 +419,9 @@ pub struct ReservationList {
 #[get("/v1/reservations")]
 pub async fn list_reservations(
     caller: Caller,
-    state: web::Data<AppState>,
+    state: State,
     query: web::Query<ListReservationsQuery>,
-) -> Result<HttpResponse, ApiError> {
-    const LIMIT_DEFAULT: i64 = 50;
+) -> ApiResult {
     let mut v = Validator::default();
     let buyer_id = v.optional("buyer_id", query.buyer_id.as_deref(), |b| {
         BuyerId::parse(b).map(BuyerId::into_inner)
@@ -508,12 +434,9 @@ pub async fn list_reservations(
         query.status.as_deref(),
         ReservationStatus::parse_or_list,
     );
-    let page = v.page(
-        query.limit.as_deref(),
-        query.cursor.as_deref(),
-        LIMIT_DEFAULT,
-        |id| ReservationId::parse(id).map(|_| id.to_owned()),
-    );
+    let page = v.page(&query.page, |id| {
+        ReservationId::parse(id).map(|_| id.to_owned())
+    });
     v.finish()?;
     let items = state
         .store
@@ -532,6 +455,12 @@ pub async fn list_reservations(
         &ReservationList { items, next_cursor },
     )))
 }
+
+const HOLDS: Answers = Answers::new("holdfast_holds_total", reply::asset_not_found);
+const COMMITS: Answers = Answers::new("holdfast_commits_total", reply::reservation_not_found);
+const RELEASES: Answers = Answers::new("holdfast_releases_total", reply::reservation_not_found);
+const EXTENSIONS: Answers = Answers::new("holdfast_extensions_total", reply::reservation_not_found);
+const VOIDS: Answers = Answers::new("holdfast_voids_total", reply::reservation_not_found);
 
 /// Names the reservation and key in the request's span.
 fn record_reservation(id: ReservationId, idempotency: &Idempotency) -> ReservationId {

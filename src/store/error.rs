@@ -179,6 +179,17 @@ impl<T> Context<T> for Result<T, DieselError> {
     }
 }
 
+/// A query for one row that may not be there: the row, or `None`.
+pub(crate) trait Found<T> {
+    fn found(self, context: &'static str) -> Result<Option<T>, StoreError>;
+}
+
+impl<T> Found<T> for Result<T, DieselError> {
+    fn found(self, context: &'static str) -> Result<Option<T>, StoreError> {
+        diesel::OptionalExtension::optional(self).context(context)
+    }
+}
+
 /// True when `error` is a unique-constraint violation.
 pub(crate) fn is_unique_violation(error: &StoreError) -> bool {
     matches!(

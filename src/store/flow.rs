@@ -13,15 +13,15 @@ use chrono::Duration;
 use super::error::is_unique_violation;
 use super::rows::{NewEvent, PaymentRow};
 use super::{
-    CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, ExtendOutcome,
-    ExtendRequest, HoldOutcome, HoldRequest, Idempotency, Keyed, ReinstateOutcome, ReleaseOutcome,
-    ReleaseRequest, StoreError, StoreResult, StoredAnswer, SweepReport, VoidOutcome, VoidRequest,
-    WithdrawOutcome,
+    CommitOutcome, CommitRequest, CompleteRefundOutcome, CompleteRefundRequest, Delivery,
+    DeliveryResult, ExtendOutcome, ExtendRequest, FeedCursor, FeedPage, HoldOutcome, HoldRequest,
+    Idempotency, Keyed, ReinstateOutcome, ReleaseOutcome, ReleaseRequest, StoreError, StoreResult,
+    StoreSettings, StoredAnswer, SweepReport, VoidOutcome, VoidRequest, WithdrawOutcome,
 };
 use crate::domain::{
     commit_decision, extension_allowed, hold_decision, release_decision, withdraw_decision, Asset,
-    AssetId, AssetStatus, CommitDecision, EventId, EventType, HoldDecision, HoldTarget, Payment,
-    PaymentFate, PaymentOutcome, PaymentReference, Refund, RefundId, RefundReason, RefundStatus,
+    AssetId, AssetStatus, CommitDecision, Event, EventId, EventType, HoldDecision, HoldTarget,
+    Payment, PaymentFate, PaymentOutcome, PaymentReference, Refund, RefundReason, RefundStatus,
     ReleaseDecision, Reservation, ReservationId, ReservationStatus, Timestamp, WithdrawDecision,
 };
 use crate::reply::{self, Reply};
@@ -38,6 +38,18 @@ pub(crate) struct Snapshot<T> {
     pub stored: Option<StoredAnswer>,
     /// The fate of the payment a commit carries, when it has one.
     pub fate: Option<PaymentFate>,
+}
+
+impl<T> Snapshot<T> {
+    /// A read under no key: the row alone, at `now`.
+    pub(crate) fn unkeyed(now: Timestamp, row: Option<T>) -> Self {
+        Self {
+            now,
+            row,
+            stored: None,
+            fate: None,
+        }
+    }
 }
 
 /// A payment reference and its scope.
@@ -182,13 +194,19 @@ pub(crate) struct Written<T> {
 /// backend may run it inside its transaction on any thread.
 pub(crate) type Assemble<T> = Box<dyn FnOnce(&Changed) -> StoreResult<Written<T>> + Send>;
 
+/// The fates of a payment reference, and the database clock they were read at.
+pub(crate) struct Fates {
+    pub now: Timestamp,
+    pub rows: Vec<PaymentRow>,
+}
+
 /// The primitives each backend provides: reads from one snapshot, and writes
 /// each in one transaction.
 pub(crate) trait Backend {
+    /// The asset to hold and the answer stored under the request's key.
     fn hold_snapshot(
         &self,
-        asset: &AssetId,
-        idempotency: &Idempotency,
+        req: &HoldRequest,
     ) -> impl Future<Output = StoreResult<Snapshot<HoldTarget>>> + Send;
 
     /// Claims the asset for the draft; with `reclaim`, first expires its
@@ -200,20 +218,17 @@ pub(crate) trait Backend {
         reclaim: bool,
     ) -> impl Future<Output = StoreResult<Claim>> + Send;
 
-    /// The stored reservation (without refunds), the stored answer, and the
-    /// fate of `payment` when one is given.
+    /// The stored reservation (without refunds), the answer stored under
+    /// the target's key, and the fate of its payment when it has one.
     fn reservation_snapshot(
         &self,
-        id: &ReservationId,
-        idempotency: &Idempotency,
-        payment: Option<PaymentKey<'_>>,
+        target: Target<'_>,
     ) -> impl Future<Output = StoreResult<Snapshot<Reservation>>> + Send;
 
     /// The refund and the answer stored under the request's key.
     fn refund_snapshot(
         &self,
-        id: &RefundId,
-        idempotency: &Idempotency,
+        req: &CompleteRefundRequest,
     ) -> impl Future<Output = StoreResult<Snapshot<Refund>>> + Send;
 
     /// The stored asset (status as stored, not yet effective) and the clock.
@@ -222,19 +237,20 @@ pub(crate) trait Backend {
         id: &AssetId,
     ) -> impl Future<Output = StoreResult<Snapshot<Asset>>> + Send;
 
-    /// The reservation with its refunds, by effective status at `now`.
-    fn load_reservation(
+    /// A reservation read before (so it exists) read again, with its
+    /// refunds, by effective status at `now`.
+    fn reload(
         &self,
         id: &ReservationId,
         now: Timestamp,
-    ) -> impl Future<Output = StoreResult<Option<Reservation>>> + Send;
+    ) -> impl Future<Output = StoreResult<Reservation>> + Send;
 
-    /// The database clock and the fates of `reference`.
+    /// The fates of `reference` (in `scope`, or in every scope).
     fn payment_fates(
         &self,
         scope: Option<&str>,
         reference: &str,
-    ) -> impl Future<Output = StoreResult<(Timestamp, Vec<PaymentRow>)>> + Send;
+    ) -> impl Future<Output = StoreResult<Fates>> + Send;
 
     /// Makes `change` and, in the same transaction, writes what `assemble`
     /// builds from it: its events (numbered from the one the change took,
@@ -251,15 +267,60 @@ pub(crate) trait Backend {
     /// Expires up to `limit` lapsed holds in one transaction; how many.
     fn expire_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
 
-    /// Deletes up to `limit` stored answers past retention; how many.
-    fn purge_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
+    /// One page of the event feed.
+    fn event_feed(
+        &self,
+        page: FeedPage,
+    ) -> impl Future<Output = StoreResult<Vec<(FeedCursor, Event)>>> + Send;
 
-    /// Deletes up to `limit` delivered events past retention; how many.
-    fn purge_events_batch(&self, limit: i64) -> impl Future<Output = StoreResult<u64>> + Send;
+    /// Claims up to `limit` due events; each stays claimed for `lease`.
+    fn claim_deliveries(
+        &self,
+        limit: i64,
+        lease: std::time::Duration,
+    ) -> impl Future<Output = StoreResult<Vec<Delivery>>> + Send;
+
+    /// Records what became of one delivery attempt.
+    fn finish_delivery(
+        &self,
+        id: &str,
+        result: &DeliveryResult,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Deletes up to `limit` rows of `what` older than `retention`; how many.
+    fn purge_batch(
+        &self,
+        what: Purge,
+        limit: i64,
+        retention: std::time::Duration,
+    ) -> impl Future<Output = StoreResult<u64>> + Send;
 }
 
-fn replay_or_reused(stored: StoredAnswer, idempotency: &Idempotency) -> Result<Reply, ()> {
-    stored.replay_for(&idempotency.fingerprint).ok_or(())
+/// What a janitor deletes once it is past its retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purge {
+    /// Stored answers of idempotency keys.
+    Keys,
+    /// Delivered events.
+    Events,
+}
+
+impl Purge {
+    pub(crate) fn context(self) -> &'static str {
+        match self {
+            Purge::Keys => "purge idempotency records",
+            Purge::Events => "purge delivered events",
+        }
+    }
+}
+
+/// What a request gets when its key already has an answer: that answer
+/// again, or KEY_REUSED when the key was used for another request.
+fn answered<T>(stored: StoredAnswer, idempotency: &Idempotency) -> Keyed<T> {
+    match stored.replay_for(&idempotency.fingerprint) {
+        Some(reply) => Keyed::Replayed(reply),
+        None => Keyed::KeyReused,
+    }
 }
 
 /// What a conditional write found: its answer, `None` when the state moved
@@ -270,6 +331,22 @@ fn moved_on_conflict<T>(written: StoreResult<Option<T>>) -> StoreResult<Option<T
         Err(e) if is_unique_violation(&e) => Ok(None),
         other => other,
     }
+}
+
+/// Makes `change` and writes what goes with it under the request's key:
+/// its answer, or `None` when it found the state moved (see
+/// [`moved_on_conflict`]).
+async fn keyed_write<B: Backend, T: Send + 'static>(
+    backend: &B,
+    change: Change,
+    idempotency: &Idempotency,
+    assemble: Assemble<T>,
+) -> StoreResult<Option<T>> {
+    moved_on_conflict(
+        backend
+            .transition(change, Some(idempotency), assemble)
+            .await,
+    )
 }
 
 /// An event about `reservation`, with data as the API shows it.
@@ -306,251 +383,541 @@ fn answered_with(event_type: EventType) -> Assemble<Reply> {
     })
 }
 
-/// A reservation's snapshot before any decision.
-enum Found {
-    /// The key already has an answer: its replay, or `Err` when the key
-    /// was used for another request.
-    Answered(Result<Reply, ()>),
-    /// No such reservation, or not one the caller may see.
-    Missing,
-    /// The reservation by its effective status, and the database clock.
-    Reservation(Reservation, Timestamp),
+/// The reservation a keyed request is about, and what its first read
+/// takes along.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Target<'a> {
+    /// What the request does, for its 503 when the row keeps changing.
+    context: &'static str,
+    pub id: &'a ReservationId,
+    pub idempotency: &'a Idempotency,
+    /// Only reservations of this owner exist for the caller; `None` sees all.
+    pub visible_to: Option<&'a String>,
+    /// The payment a commit carries, whose fate is read with it.
+    pub payment: Option<PaymentKey<'a>>,
 }
 
-async fn find_reservation<B: Backend>(
-    backend: &B,
-    id: &ReservationId,
-    idempotency: &Idempotency,
-    visible_to: Option<&String>,
-    payment: Option<PaymentKey<'_>>,
-) -> StoreResult<(Found, Option<PaymentFate>)> {
-    let snap = backend
-        .reservation_snapshot(id, idempotency, payment)
-        .await?;
-    if let Some(stored) = snap.stored {
-        return Ok((Found::Answered(replay_or_reused(stored, idempotency)), None));
-    }
-    let found = match snap
-        .row
-        .filter(|r| visible_to.is_none_or(|o| &r.owner == o))
-    {
-        Some(row) => Found::Reservation(row.effective(snap.now), snap.now),
-        None => Found::Missing,
-    };
-    Ok((found, snap.fate))
-}
-
-/// The outcome of a keyed request that found its answer or nothing.
-macro_rules! found_or_return {
-    ($found:expr) => {
-        match $found {
-            Found::Answered(Ok(reply)) => return Ok(Keyed::Replayed(reply)),
-            Found::Answered(Err(())) => return Ok(Keyed::KeyReused),
-            Found::Missing => return Ok(Keyed::NotFound),
-            Found::Reservation(reservation, now) => (reservation, now),
+impl<'a> Target<'a> {
+    fn new(context: &'static str, id: &'a ReservationId, idempotency: &'a Idempotency) -> Self {
+        Self {
+            context,
+            id,
+            idempotency,
+            visible_to: None,
+            payment: None,
         }
-    };
+    }
+
+    /// Only a reservation of this owner exists for the caller (`None`: all do).
+    fn visible_to(self, owner: Option<&'a String>) -> Self {
+        Self {
+            visible_to: owner,
+            ..self
+        }
+    }
+
+    /// The fate of this payment is read with the reservation.
+    fn paying(self, payment: PaymentKey<'a>) -> Self {
+        Self {
+            payment: Some(payment),
+            ..self
+        }
+    }
+
+    /// Runs the keyed request. Its snapshot answers a stored answer's
+    /// replay, a reused key, or a reservation the caller cannot see at once;
+    /// else `act` decides on the reservation (by its effective status at the
+    /// snapshot's clock, with the fate of the target's payment). While `act`
+    /// answers `None` (its write found the state moved), the reservation is
+    /// read again and decided again.
+    async fn act<B: Backend, T, A>(self, backend: &B, mut act: A) -> StoreResult<Keyed<T>>
+    where
+        A: AsyncFnMut(Reservation, Timestamp, Option<PaymentFate>) -> StoreResult<Option<T>>,
+    {
+        for _ in 0..MAX_ATTEMPTS {
+            let snap = backend.reservation_snapshot(self).await?;
+            if let Some(stored) = snap.stored {
+                return Ok(answered(stored, self.idempotency));
+            }
+            let visible = snap
+                .row
+                .filter(|r| self.visible_to.is_none_or(|o| &r.owner == o));
+            let Some(reservation) = visible else {
+                return Ok(Keyed::NotFound);
+            };
+            let reservation = reservation.effective(snap.now);
+            if let Some(outcome) = act(reservation, snap.now, snap.fate).await? {
+                return Ok(Keyed::Done(outcome));
+            }
+        }
+        Err(contention(self.context))
+    }
 }
 
 fn contention(context: &'static str) -> StoreError {
     StoreError::unavailable(context, "the row kept changing under concurrent requests")
 }
 
-pub(crate) async fn hold<B: Backend>(
-    backend: &B,
-    req: &HoldRequest,
-) -> StoreResult<Keyed<HoldOutcome>> {
-    for _ in 0..MAX_ATTEMPTS {
-        let snap = backend
-            .hold_snapshot(&req.asset_id, &req.idempotency)
-            .await?;
-        if let Some(stored) = snap.stored {
-            return Ok(match replay_or_reused(stored, &req.idempotency) {
-                Ok(reply) => Keyed::Replayed(reply),
-                Err(()) => Keyed::KeyReused,
-            });
-        }
-        let reclaim = match hold_decision(snap.row, snap.now) {
-            HoldDecision::NotFound => return Ok(Keyed::NotFound),
-            HoldDecision::SaleNotOpen { available_from } => {
-                return Ok(Keyed::Done(HoldOutcome::SaleNotOpen { available_from }))
+/// The use cases, each written once for every backend: read a snapshot,
+/// decide by the domain rules, and hand the backend the change to make.
+pub(crate) trait UseCases: Backend + Sync + Sized {
+    async fn hold(&self, req: &HoldRequest) -> StoreResult<Keyed<HoldOutcome>> {
+        for _ in 0..MAX_ATTEMPTS {
+            let snap = self.hold_snapshot(req).await?;
+            if let Some(stored) = snap.stored {
+                return Ok(answered(stored, &req.idempotency));
             }
-            HoldDecision::Unavailable {
-                status,
-                hold_expires_at,
-            } => {
-                return Ok(Keyed::Done(HoldOutcome::Unavailable {
+            let reclaim = match hold_decision(snap.row, snap.now) {
+                HoldDecision::NotFound => return Ok(Keyed::NotFound),
+                HoldDecision::SaleNotOpen { available_from } => {
+                    return Ok(Keyed::Done(HoldOutcome::SaleNotOpen { available_from }))
+                }
+                HoldDecision::Unavailable {
                     status,
                     hold_expires_at,
-                }))
+                } => {
+                    return Ok(Keyed::Done(HoldOutcome::Unavailable {
+                        status,
+                        hold_expires_at,
+                    }))
+                }
+                HoldDecision::Claim => false,
+                HoldDecision::Reclaim => true,
+            };
+            let reservation = Reservation::held(
+                ReservationId::generate().to_string(),
+                &req.asset_id,
+                &req.buyer_id,
+                &req.owner,
+                snap.now,
+                snap.now + Duration::seconds(req.hold_seconds),
+            );
+            let draft = HoldDraft {
+                request: req,
+                reply: reply::hold_created(&reservation),
+                reservation,
+                event_id: EventId::generate(),
+            };
+            match self.claim(&draft, reclaim).await {
+                Ok(Claim::Claimed) => return Ok(Keyed::Done(HoldOutcome::Created(draft.reply))),
+                Ok(Claim::LimitReached) => {
+                    return Ok(Keyed::Done(HoldOutcome::LimitReached {
+                        limit: req.max_live_holds.unwrap_or_default(),
+                    }))
+                }
+                // Taken meanwhile, or the key was used concurrently: look again.
+                Ok(Claim::Taken) => continue,
+                Err(e) if is_unique_violation(&e) => continue,
+                Err(e) => return Err(e),
             }
-            HoldDecision::Claim => false,
-            HoldDecision::Reclaim => true,
-        };
-        let reservation = Reservation::held(
-            ReservationId::generate().to_string(),
-            &req.asset_id,
-            &req.buyer_id,
-            &req.owner,
-            snap.now,
-            snap.now + Duration::seconds(req.hold_seconds),
-        );
-        let draft = HoldDraft {
-            request: req,
-            reply: reply::hold_created(&reservation),
-            reservation,
-            event_id: EventId::generate(),
-        };
-        match backend.claim(&draft, reclaim).await {
-            Ok(Claim::Claimed) => return Ok(Keyed::Done(HoldOutcome::Created(draft.reply))),
-            Ok(Claim::LimitReached) => {
-                return Ok(Keyed::Done(HoldOutcome::LimitReached {
-                    limit: req.max_live_holds.unwrap_or_default(),
-                }))
-            }
-            // Taken meanwhile, or the key was used concurrently: look again.
-            Ok(Claim::Taken) => continue,
-            Err(e) if is_unique_violation(&e) => continue,
-            Err(e) => return Err(e),
         }
+        Err(contention("hold the asset"))
     }
-    Err(contention("hold the asset"))
-}
 
-pub(crate) async fn commit<B: Backend>(
-    backend: &B,
-    req: &CommitRequest,
-) -> StoreResult<Keyed<CommitOutcome>> {
-    let payment = PaymentKey {
-        scope: &req.payment_scope,
-        reference: req.payment_reference.as_str(),
-    };
-    let mut late_refused = !req.accept_late;
-    for _ in 0..MAX_ATTEMPTS {
-        let (found, fate) = find_reservation(
-            backend,
+    async fn commit(&self, req: &CommitRequest) -> StoreResult<Keyed<CommitOutcome>> {
+        let payment = PaymentKey {
+            scope: &req.payment_scope,
+            reference: req.payment_reference.as_str(),
+        };
+        // The sale of the reservation for the payment: of its live hold, or
+        // with `late`, of its lapsed one.
+        let sell = async |reservation, late| {
+            let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
+            let change = if late {
+                Change::CommitLate {
+                    reservation,
+                    scope,
+                    reference,
+                }
+            } else {
+                Change::Commit {
+                    reservation,
+                    scope,
+                    reference,
+                }
+            };
+            let sold = answered_with(EventType::ReservationCommitted);
+            self.transition(change, Some(&req.idempotency), sold).await
+        };
+        let mut late_refused = !req.accept_late;
+        Target::new(
+            "commit the reservation",
             &req.reservation_id,
             &req.idempotency,
-            None,
-            Some(payment),
         )
-        .await?;
-        let (reservation, now) = found_or_return!(found);
-        let id = reservation.reservation_id.clone();
-        // Every write below either lands, or finds the state moved (a lost
-        // race, a key or a payment taken by a concurrent request) and reads
-        // again: the payments table's key decides, not this read.
-        let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
-        let written = match commit_decision(&id, reservation.status, fate.as_ref()) {
-            CommitDecision::Commit => backend
-                .transition(
-                    Change::Commit {
-                        reservation,
-                        scope,
-                        reference,
-                    },
-                    Some(&req.idempotency),
-                    answered_with(EventType::ReservationCommitted),
-                )
-                .await
-                .map(|reply| reply.map(CommitOutcome::Committed)),
-            CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
-                let written = backend
-                    .transition(
-                        Change::CommitLate {
-                            reservation,
-                            scope,
-                            reference,
-                        },
-                        Some(&req.idempotency),
-                        answered_with(EventType::ReservationCommitted),
-                    )
-                    .await;
-                if let Ok(None) = written {
-                    // Taken meanwhile: the payment is refunded instead.
-                    late_refused = true;
+        .paying(payment)
+        .act(self, async |reservation, now, fate| {
+            let id = reservation.reservation_id.clone();
+            // Every write below either lands, or finds the state moved (a
+            // lost race, a key or a payment taken by a concurrent request)
+            // and reads again: the payments table's key decides, not this read.
+            let written = match commit_decision(&id, reservation.status, fate.as_ref()) {
+                CommitDecision::Commit => {
+                    let written = sell(reservation, false).await;
+                    written.map(|reply| reply.map(CommitOutcome::Committed))
                 }
-                written.map(|reply| reply.map(CommitOutcome::CommittedLate))
-            }
-            CommitDecision::Refuse(reason) => {
-                let refund = Refund::requested(&reservation, &scope, &reference, reason, now);
-                backend
-                    .transition(
-                        Change::Refund {
-                            reservation,
-                            refund,
-                        },
-                        Some(&req.idempotency),
-                        Box::new(move |changed: &Changed| {
-                            let current = changed.reservation()?;
-                            let refund = changed.refund.as_ref().ok_or_else(|| {
-                                StoreError::Corrupt("a refund went missing".into())
-                            })?;
-                            let reply = reply::commit_refused(reason, current, refund).into_reply();
-                            let data = serde_json::to_string(refund).unwrap_or_default();
-                            Ok(Written {
-                                events: vec![about(
-                                    current,
-                                    EventType::RefundRequested,
-                                    data,
-                                    changed.at()?,
-                                )],
-                                answer: Some((reply.clone(), current.reservation_id.clone())),
-                                value: reply,
-                            })
-                        }),
-                    )
-                    .await
-                    .map(|reply| reply.map(|reply| CommitOutcome::Refunded { reply, reason }))
-            }
-            CommitDecision::AlreadyCommittedWithThisPayment => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(Keyed::Done(CommitOutcome::AlreadyCommitted(current)));
-            }
-            CommitDecision::RefundedBefore => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                let refund_id = fate.and_then(|f| f.refund_id);
-                let refund = current
-                    .refunds
-                    .iter()
-                    .find(|r| Some(&r.refund_id) == refund_id.as_ref())
-                    .cloned()
-                    .ok_or_else(|| {
-                        StoreError::Corrupt(format!(
-                            "the refund of reservation {id} for this payment vanished"
-                        ))
-                    })?;
-                let reason = refund.reason;
-                let reply = reply::commit_refused(reason, &current, &refund).into_reply();
-                return Ok(Keyed::Done(CommitOutcome::Refused { reply, reason }));
-            }
-            CommitDecision::SaleVoided => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                let refund = own_refund(&current, payment);
-                let reply = reply::sale_voided(&current, refund).into_reply();
-                return Ok(Keyed::Done(CommitOutcome::SaleVoided(reply)));
-            }
-            CommitDecision::UsedElsewhere => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                let mut fates =
-                    payments(backend, Some(payment.scope), &req.payment_reference).await?;
-                let Some((_, payment)) = fates.pop() else {
+                CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
+                    let written = sell(reservation, true).await;
+                    if let Ok(None) = written {
+                        // Taken meanwhile: the payment is refunded instead.
+                        late_refused = true;
+                    }
+                    written.map(|reply| reply.map(CommitOutcome::CommittedLate))
+                }
+                CommitDecision::Refuse(reason) => {
+                    let (scope, reference) = (payment.scope, payment.reference);
+                    let refund = Refund::requested(&reservation, scope, reference, reason, now);
+                    let change = Change::Refund {
+                        reservation,
+                        refund,
+                    };
+                    let refused = refused_with(reason);
+                    let written = self.transition(change, Some(&req.idempotency), refused);
+                    let written = written.await;
+                    written
+                        .map(|reply| reply.map(|reply| CommitOutcome::Refunded { reply, reason }))
+                }
+                CommitDecision::AlreadyCommittedWithThisPayment => {
+                    let current = self.reload(&req.reservation_id, now).await?;
+                    return Ok(Some(CommitOutcome::AlreadyCommitted(current)));
+                }
+                CommitDecision::RefundedBefore => {
+                    let current = self.reload(&req.reservation_id, now).await?;
+                    let refund_id = fate.and_then(|f| f.refund_id);
+                    let refund = current
+                        .refunds
+                        .iter()
+                        .find(|r| Some(&r.refund_id) == refund_id.as_ref())
+                        .cloned()
+                        .ok_or_else(|| {
+                            StoreError::Corrupt(format!(
+                                "the refund of reservation {id} for this payment vanished"
+                            ))
+                        })?;
+                    let reason = refund.reason;
+                    let reply = reply::commit_refused(reason, &current, &refund).into_reply();
+                    return Ok(Some(CommitOutcome::Refused { reply, reason }));
+                }
+                CommitDecision::SaleVoided => {
+                    let current = self.reload(&req.reservation_id, now).await?;
+                    let refund = own_refund(&current, payment);
+                    let reply = reply::sale_voided(&current, refund).into_reply();
+                    return Ok(Some(CommitOutcome::SaleVoided(reply)));
+                }
+                CommitDecision::UsedElsewhere => {
+                    let current = self.reload(&req.reservation_id, now).await?;
+                    let scope = Some(payment.scope);
+                    let mut fates = self.payments(scope, &req.payment_reference).await?;
                     // Its fate went away between two reads: impossible
                     // unless rows were deleted by hand; read again.
-                    continue;
-                };
-                return Ok(Keyed::Done(CommitOutcome::PaymentReferenceUsed {
-                    reservation: Box::new(current),
-                    payment: Box::new(payment),
-                }));
-            }
-        };
-        if let Some(outcome) = moved_on_conflict(written)? {
-            return Ok(Keyed::Done(outcome));
-        }
+                    return Ok(fates.pop().map(|(_, payment)| {
+                        CommitOutcome::PaymentReferenceUsed {
+                            reservation: Box::new(current),
+                            payment: Box::new(payment),
+                        }
+                    }));
+                }
+            };
+            moved_on_conflict(written)
+        })
+        .await
     }
-    Err(contention("commit the reservation"))
+
+    /// The fates of `reference` with their reservation and refund: in `scope`,
+    /// or in every scope.
+    async fn payments(
+        &self,
+        scope: Option<&str>,
+        reference: &PaymentReference,
+    ) -> StoreResult<Vec<(String, Payment)>> {
+        let Fates { now, rows } = self.payment_fates(scope, reference.as_str()).await?;
+        let mut found = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id = super::rows::parse_reservation_id(&row.reservation_id)?;
+            let reservation = self.reload(&id, now).await?;
+            let key = PaymentKey {
+                scope: &row.scope,
+                reference: &row.reference,
+            };
+            let refund = match &row.refund_id {
+                Some(refund_id) => reservation
+                    .refunds
+                    .iter()
+                    .find(|r| &r.refund_id == refund_id)
+                    .cloned(),
+                None => own_refund(&reservation, key).cloned(),
+            };
+            let payment = Payment {
+                payment_reference: row.reference.clone(),
+                fate: if row.refund_id.is_some() {
+                    PaymentOutcome::Refunded
+                } else {
+                    PaymentOutcome::Bought
+                },
+                reservation,
+                refund,
+            };
+            found.push((row.scope, payment));
+        }
+        Ok(found)
+    }
+
+    async fn release(&self, req: &ReleaseRequest) -> StoreResult<Keyed<ReleaseOutcome>> {
+        Target::new(
+            "release the reservation",
+            &req.reservation_id,
+            &req.idempotency,
+        )
+        .visible_to(req.visible_to.as_ref())
+        .act(self, async |reservation, now, _| {
+            let unchanged = match release_decision(reservation.status) {
+                ReleaseDecision::Release => {
+                    let change = Change::Release { reservation };
+                    let assemble = answered_with(EventType::ReservationReleased);
+                    let written = keyed_write(self, change, &req.idempotency, assemble).await?;
+                    return Ok(written.map(ReleaseOutcome::Released));
+                }
+                ReleaseDecision::AlreadyReleased => ReleaseOutcome::AlreadyReleased,
+                ReleaseDecision::NotActive => ReleaseOutcome::NotActive,
+            };
+            let current = self.reload(&req.reservation_id, now).await?;
+            Ok(Some(unchanged(current)))
+        })
+        .await
+    }
+
+    async fn extend(&self, req: &ExtendRequest) -> StoreResult<Keyed<ExtendOutcome>> {
+        Target::new("extend the hold", &req.reservation_id, &req.idempotency)
+            .visible_to(req.visible_to.as_ref())
+            .act(self, async |reservation, now, _| {
+                let until = now + Duration::seconds(req.hold_seconds);
+                let refused = if reservation.status != ReservationStatus::Held {
+                    ExtendOutcome::NotActive
+                } else if !extension_allowed(reservation.created_at, until, req.max_total_seconds) {
+                    ExtendOutcome::LimitReached
+                } else {
+                    let change = Change::Extend {
+                        reservation,
+                        hold_seconds: req.hold_seconds,
+                        max_total_seconds: req.max_total_seconds,
+                    };
+                    let assemble = answered_with(EventType::ReservationExtended);
+                    let written = keyed_write(self, change, &req.idempotency, assemble).await?;
+                    return Ok(written.map(ExtendOutcome::Extended));
+                };
+                let current = self.reload(&req.reservation_id, now).await?;
+                Ok(Some(refused(current)))
+            })
+            .await
+    }
+
+    async fn void(&self, req: &VoidRequest) -> StoreResult<Keyed<VoidOutcome>> {
+        Target::new("void the sale", &req.reservation_id, &req.idempotency)
+            .act(self, async |reservation, now, _| {
+                let unchanged = match reservation.status {
+                    ReservationStatus::Committed => {
+                        // Part of the payment's one fate: it bought this sale.
+                        let refund = match (
+                            req.refund,
+                            &reservation.payment_scope,
+                            &reservation.payment_reference,
+                        ) {
+                            (true, Some(scope), Some(payment)) => Some(Refund::requested(
+                                &reservation,
+                                scope,
+                                payment,
+                                RefundReason::SaleVoided,
+                                now,
+                            )),
+                            _ => None,
+                        };
+                        let change = Change::Void {
+                            reservation,
+                            refund,
+                        };
+                        let assemble = voided_by(req.actor.clone());
+                        let written = keyed_write(self, change, &req.idempotency, assemble).await?;
+                        return Ok(written.map(VoidOutcome::Voided));
+                    }
+                    ReservationStatus::Voided => VoidOutcome::AlreadyVoided,
+                    _ => VoidOutcome::NotActive,
+                };
+                let current = self.reload(&req.reservation_id, now).await?;
+                Ok(Some(unchanged(current)))
+            })
+            .await
+    }
+
+    /// Takes an asset off sale; with `force`, a live hold is released first.
+    /// One conditional write guarded by the version the decision was made on.
+    async fn withdraw(
+        &self,
+        id: &AssetId,
+        force: bool,
+        actor: &str,
+    ) -> StoreResult<WithdrawOutcome> {
+        for _ in 0..MAX_ATTEMPTS {
+            let snap = self.asset_snapshot(id).await?;
+            let Some(stored) = snap.row else {
+                return Ok(WithdrawOutcome::NotFound);
+            };
+            let (version, held_by) = (stored.version, stored.current_reservation_id.clone());
+            let lapsed = stored.status == AssetStatus::Held;
+            let asset = stored.effective(snap.now);
+            let lapsed = lapsed && asset.status == AssetStatus::Available;
+            let release = match withdraw_decision(asset.status, force) {
+                WithdrawDecision::AlreadyWithdrawn => return Ok(WithdrawOutcome::Unchanged(asset)),
+                WithdrawDecision::Held => return Ok(WithdrawOutcome::Held(asset)),
+                WithdrawDecision::Sold => return Ok(WithdrawOutcome::Sold(asset)),
+                WithdrawDecision::ReleaseAndWithdraw => held_by.clone(),
+                WithdrawDecision::Withdraw => None,
+            };
+            let change = Change::Withdraw {
+                asset_id: id.to_string(),
+                version,
+                expire: if lapsed { held_by } else { None },
+                release,
+            };
+            let actor = actor.to_owned();
+            let written = self
+                .transition(
+                    change,
+                    None,
+                    Box::new(move |changed: &Changed| {
+                        let at = changed.at()?;
+                        let asset = changed.asset()?.clone();
+                        let mut events = Vec::new();
+                        if let Some(ended) = &changed.ended {
+                            let data = reply::reservation_ok(ended).body;
+                            events.push(match ended.status {
+                                ReservationStatus::Expired => {
+                                    about(ended, EventType::ReservationExpired, data, at)
+                                }
+                                _ => about(ended, EventType::ReservationReleased, data, at)
+                                    .by(&actor),
+                            });
+                        }
+                        let data = serde_json::to_string(&asset).unwrap_or_default();
+                        events.push(
+                            NewEvent::new(&asset.id, EventType::AssetWithdrawn, data, at)
+                                .by(&actor),
+                        );
+                        Ok(Written {
+                            value: asset,
+                            events,
+                            answer: None,
+                        })
+                    }),
+                )
+                .await?;
+            if let Some(asset) = written {
+                return Ok(WithdrawOutcome::Withdrawn(asset));
+            }
+        }
+        Err(contention("withdraw the asset"))
+    }
+
+    /// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
+    async fn reinstate(&self, id: &AssetId, actor: &str) -> StoreResult<ReinstateOutcome> {
+        let actor = actor.to_owned();
+        let written = self
+            .transition(
+                Change::Reinstate {
+                    asset_id: id.to_string(),
+                },
+                None,
+                Box::new(move |changed: &Changed| {
+                    let asset = changed.asset()?.clone();
+                    let data = serde_json::to_string(&asset).unwrap_or_default();
+                    let event =
+                        NewEvent::new(&asset.id, EventType::AssetReinstated, data, changed.at()?)
+                            .by(&actor);
+                    Ok(Written {
+                        value: asset,
+                        events: vec![event],
+                        answer: None,
+                    })
+                }),
+            )
+            .await?;
+        if let Some(asset) = written {
+            return Ok(ReinstateOutcome::Reinstated(asset));
+        }
+        let snap = self.asset_snapshot(id).await?;
+        Ok(match snap.row {
+            Some(asset) => ReinstateOutcome::Unchanged(asset.effective(snap.now)),
+            None => ReinstateOutcome::NotFound,
+        })
+    }
+
+    /// One janitor pass: lapsed holds batch by batch, then stored answers and
+    /// delivered events past retention (events only when they have one), each
+    /// batch its own short transaction.
+    async fn sweep(&self, settings: &StoreSettings) -> StoreResult<SweepReport> {
+        let batch = settings.sweep_batch.max(1);
+        let retention = settings.idempotency_retention;
+        let mut report = SweepReport {
+            expired: batches(batch, || self.expire_batch(batch)).await?,
+            purged_keys: batches(batch, || self.purge_batch(Purge::Keys, batch, retention)).await?,
+            purged_events: 0,
+        };
+        if let Some(retention) = settings.event_retention {
+            report.purged_events =
+                batches(batch, || self.purge_batch(Purge::Events, batch, retention)).await?;
+        }
+        Ok(report)
+    }
+
+    /// The payment system reports a refund done: REQUESTED becomes COMPLETED once.
+    async fn complete_refund(
+        &self,
+        req: &CompleteRefundRequest,
+    ) -> StoreResult<Keyed<CompleteRefundOutcome>> {
+        for _ in 0..MAX_ATTEMPTS {
+            let snap = self.refund_snapshot(req).await?;
+            if let Some(stored) = snap.stored {
+                return Ok(answered(stored, &req.idempotency));
+            }
+            let Some(refund) = snap.row else {
+                return Ok(Keyed::NotFound);
+            };
+            if refund.status == RefundStatus::Completed {
+                return Ok(Keyed::Done(CompleteRefundOutcome::AlreadyCompleted(refund)));
+            }
+            let written = self
+                .transition(
+                    Change::CompleteRefund { refund },
+                    Some(&req.idempotency),
+                    Box::new(|changed: &Changed| {
+                        let completed = changed
+                            .refund
+                            .as_ref()
+                            .ok_or_else(|| StoreError::Corrupt("a refund went missing".into()))?;
+                        let reply = Reply::json(200, completed);
+                        let event = NewEvent::new(
+                            &completed.asset_id,
+                            EventType::RefundCompleted,
+                            reply.body.clone(),
+                            changed.at()?,
+                        )
+                        .about(&completed.reservation_id);
+                        Ok(Written {
+                            events: vec![event],
+                            answer: Some((reply.clone(), completed.reservation_id.clone())),
+                            value: reply,
+                        })
+                    }),
+                )
+                .await;
+            if let Some(reply) = moved_on_conflict(written)? {
+                return Ok(Keyed::Done(CompleteRefundOutcome::Completed(reply)));
+            }
+        }
+        Err(contention("complete the refund"))
+    }
 }
+
+impl<B: Backend + Sync> UseCases for B {}
 
 /// The refund of a sale's own payment, when its void gave it back.
 fn own_refund<'a>(reservation: &'a Reservation, payment: PaymentKey<'_>) -> Option<&'a Refund> {
@@ -561,395 +928,68 @@ fn own_refund<'a>(reservation: &'a Reservation, payment: PaymentKey<'_>) -> Opti
     })
 }
 
-/// The fates of `reference` with their reservation and refund: in `scope`,
-/// or in every scope.
-pub(crate) async fn payments<B: Backend>(
-    backend: &B,
-    scope: Option<&str>,
-    reference: &PaymentReference,
-) -> StoreResult<Vec<(String, Payment)>> {
-    let (now, rows) = backend.payment_fates(scope, reference.as_str()).await?;
-    let mut found = Vec::with_capacity(rows.len());
-    for row in rows {
-        let id = super::rows::parse_reservation_id(&row.reservation_id)?;
-        let reservation = reload(backend, &id, now).await?;
-        let key = PaymentKey {
-            scope: &row.scope,
-            reference: &row.reference,
-        };
-        let refund = match &row.refund_id {
-            Some(refund_id) => reservation
-                .refunds
-                .iter()
-                .find(|r| &r.refund_id == refund_id)
-                .cloned(),
-            None => own_refund(&reservation, key).cloned(),
-        };
-        let payment = Payment {
-            payment_reference: row.reference.clone(),
-            fate: if row.refund_id.is_some() {
-                PaymentOutcome::Refunded
-            } else {
-                PaymentOutcome::Bought
-            },
-            reservation,
-            refund,
-        };
-        found.push((row.scope, payment));
-    }
-    Ok(found)
-}
-
-pub(crate) async fn release<B: Backend>(
-    backend: &B,
-    req: &ReleaseRequest,
-) -> StoreResult<Keyed<ReleaseOutcome>> {
-    for _ in 0..MAX_ATTEMPTS {
-        let (found, _) = find_reservation(
-            backend,
-            &req.reservation_id,
-            &req.idempotency,
-            req.visible_to.as_ref(),
-            None,
-        )
-        .await?;
-        let (reservation, now) = found_or_return!(found);
-        match release_decision(reservation.status) {
-            ReleaseDecision::Release => {
-                let written = backend
-                    .transition(
-                        Change::Release { reservation },
-                        Some(&req.idempotency),
-                        answered_with(EventType::ReservationReleased),
-                    )
-                    .await;
-                if let Some(reply) = moved_on_conflict(written)? {
-                    return Ok(Keyed::Done(ReleaseOutcome::Released(reply)));
-                }
-            }
-            ReleaseDecision::AlreadyReleased => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(Keyed::Done(ReleaseOutcome::AlreadyReleased(current)));
-            }
-            ReleaseDecision::NotActive => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(Keyed::Done(ReleaseOutcome::NotActive(current)));
-            }
-        }
-    }
-    Err(contention("release the reservation"))
-}
-
-pub(crate) async fn extend<B: Backend>(
-    backend: &B,
-    req: &ExtendRequest,
-) -> StoreResult<Keyed<ExtendOutcome>> {
-    for _ in 0..MAX_ATTEMPTS {
-        let (found, _) = find_reservation(
-            backend,
-            &req.reservation_id,
-            &req.idempotency,
-            req.visible_to.as_ref(),
-            None,
-        )
-        .await?;
-        let (reservation, now) = found_or_return!(found);
-        if reservation.status != ReservationStatus::Held {
-            let current = reload(backend, &req.reservation_id, now).await?;
-            return Ok(Keyed::Done(ExtendOutcome::NotActive(current)));
-        }
-        let until = now + Duration::seconds(req.hold_seconds);
-        if !extension_allowed(reservation.created_at, until, req.max_total_seconds) {
-            let current = reload(backend, &req.reservation_id, now).await?;
-            return Ok(Keyed::Done(ExtendOutcome::LimitReached(current)));
-        }
-        let change = Change::Extend {
-            reservation,
-            hold_seconds: req.hold_seconds,
-            max_total_seconds: req.max_total_seconds,
-        };
-        let written = backend
-            .transition(
-                change,
-                Some(&req.idempotency),
-                answered_with(EventType::ReservationExtended),
-            )
-            .await;
-        if let Some(reply) = moved_on_conflict(written)? {
-            return Ok(Keyed::Done(ExtendOutcome::Extended(reply)));
-        }
-    }
-    Err(contention("extend the hold"))
-}
-
-pub(crate) async fn void<B: Backend>(
-    backend: &B,
-    req: &VoidRequest,
-) -> StoreResult<Keyed<VoidOutcome>> {
-    for _ in 0..MAX_ATTEMPTS {
-        let (found, _) =
-            find_reservation(backend, &req.reservation_id, &req.idempotency, None, None).await?;
-        let (reservation, now) = found_or_return!(found);
-        match reservation.status {
-            ReservationStatus::Committed => {
-                // Part of the payment's one fate: it bought this sale.
-                let refund = match (
-                    req.refund,
-                    &reservation.payment_scope,
-                    &reservation.payment_reference,
-                ) {
-                    (true, Some(scope), Some(payment)) => Some(Refund::requested(
-                        &reservation,
-                        scope,
-                        payment,
-                        RefundReason::SaleVoided,
-                        now,
-                    )),
-                    _ => None,
-                };
-                let actor = req.actor.clone();
-                let written = backend
-                    .transition(
-                        Change::Void {
-                            reservation,
-                            refund,
-                        },
-                        Some(&req.idempotency),
-                        Box::new(move |changed: &Changed| {
-                            let current = changed.reservation()?;
-                            let at = changed.at()?;
-                            let reply = reply::reservation_ok(current);
-                            let mut events = vec![about(
-                                current,
-                                EventType::ReservationVoided,
-                                reply.body.clone(),
-                                at,
-                            )
-                            .by(&actor)];
-                            if let Some(refund) = &changed.refund {
-                                let data = serde_json::to_string(refund).unwrap_or_default();
-                                events.push(
-                                    about(current, EventType::RefundRequested, data, at).by(&actor),
-                                );
-                            }
-                            Ok(Written {
-                                events,
-                                answer: Some((reply.clone(), current.reservation_id.clone())),
-                                value: reply,
-                            })
-                        }),
-                    )
-                    .await;
-                if let Some(reply) = moved_on_conflict(written)? {
-                    return Ok(Keyed::Done(VoidOutcome::Voided(reply)));
-                }
-            }
-            ReservationStatus::Voided => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(Keyed::Done(VoidOutcome::AlreadyVoided(current)));
-            }
-            _ => {
-                let current = reload(backend, &req.reservation_id, now).await?;
-                return Ok(Keyed::Done(VoidOutcome::NotActive(current)));
-            }
-        }
-    }
-    Err(contention("void the sale"))
-}
-
-/// Takes an asset off sale; with `force`, a live hold is released first.
-/// One conditional write guarded by the version the decision was made on.
-pub(crate) async fn withdraw<B: Backend>(
-    backend: &B,
-    id: &AssetId,
-    force: bool,
-    actor: &str,
-) -> StoreResult<WithdrawOutcome> {
-    for _ in 0..MAX_ATTEMPTS {
-        let snap = backend.asset_snapshot(id).await?;
-        let Some(stored) = snap.row else {
-            return Ok(WithdrawOutcome::NotFound);
-        };
-        let (version, held_by) = (stored.version, stored.current_reservation_id.clone());
-        let lapsed = stored.status == AssetStatus::Held;
-        let asset = stored.effective(snap.now);
-        let lapsed = lapsed && asset.status == AssetStatus::Available;
-        let release = match withdraw_decision(asset.status, force) {
-            WithdrawDecision::AlreadyWithdrawn => return Ok(WithdrawOutcome::Unchanged(asset)),
-            WithdrawDecision::Held => return Ok(WithdrawOutcome::Held(asset)),
-            WithdrawDecision::Sold => return Ok(WithdrawOutcome::Sold(asset)),
-            WithdrawDecision::ReleaseAndWithdraw => held_by.clone(),
-            WithdrawDecision::Withdraw => None,
-        };
-        let change = Change::Withdraw {
-            asset_id: id.to_string(),
-            version,
-            expire: if lapsed { held_by } else { None },
-            release,
-        };
-        let actor = actor.to_owned();
-        let written = backend
-            .transition(
-                change,
-                None,
-                Box::new(move |changed: &Changed| {
-                    let at = changed.at()?;
-                    let asset = changed.asset()?.clone();
-                    let mut events = Vec::new();
-                    if let Some(ended) = &changed.ended {
-                        let data = reply::reservation_ok(ended).body;
-                        events.push(match ended.status {
-                            ReservationStatus::Expired => {
-                                about(ended, EventType::ReservationExpired, data, at)
-                            }
-                            _ => about(ended, EventType::ReservationReleased, data, at).by(&actor),
-                        });
-                    }
-                    let data = serde_json::to_string(&asset).unwrap_or_default();
-                    events.push(
-                        NewEvent::new(&asset.id, EventType::AssetWithdrawn, data, at).by(&actor),
-                    );
-                    Ok(Written {
-                        value: asset,
-                        events,
-                        answer: None,
-                    })
-                }),
-            )
-            .await?;
-        if let Some(asset) = written {
-            return Ok(WithdrawOutcome::Withdrawn(asset));
-        }
-    }
-    Err(contention("withdraw the asset"))
-}
-
-/// Puts a WITHDRAWN asset back on sale; anything else stays as it is.
-pub(crate) async fn reinstate<B: Backend>(
-    backend: &B,
-    id: &AssetId,
-    actor: &str,
-) -> StoreResult<ReinstateOutcome> {
-    let actor = actor.to_owned();
-    let written = backend
-        .transition(
-            Change::Reinstate {
-                asset_id: id.to_string(),
-            },
-            None,
-            Box::new(move |changed: &Changed| {
-                let asset = changed.asset()?.clone();
-                let data = serde_json::to_string(&asset).unwrap_or_default();
-                let event =
-                    NewEvent::new(&asset.id, EventType::AssetReinstated, data, changed.at()?)
-                        .by(&actor);
-                Ok(Written {
-                    value: asset,
-                    events: vec![event],
-                    answer: None,
-                })
-            }),
-        )
-        .await?;
-    if let Some(asset) = written {
-        return Ok(ReinstateOutcome::Reinstated(asset));
-    }
-    let snap = backend.asset_snapshot(id).await?;
-    Ok(match snap.row {
-        Some(asset) => ReinstateOutcome::Unchanged(asset.effective(snap.now)),
-        None => ReinstateOutcome::NotFound,
+/// A refused payment answered with the reservation and its refund (the
+/// refund's event), and the answer stored.
+fn refused_with(reason: RefundReason) -> Assemble<Reply> {
+    Box::new(move |changed: &Changed| {
+        let current = changed.reservation()?;
+        let refund = changed
+            .refund
+            .as_ref()
+            .ok_or_else(|| StoreError::Corrupt("a refund went missing".into()))?;
+        let reply = reply::commit_refused(reason, current, refund).into_reply();
+        let data = serde_json::to_string(refund).unwrap_or_default();
+        Ok(Written {
+            events: vec![about(
+                current,
+                EventType::RefundRequested,
+                data,
+                changed.at()?,
+            )],
+            answer: Some((reply.clone(), current.reservation_id.clone())),
+            value: reply,
+        })
     })
 }
 
-async fn reload<B: Backend>(
-    backend: &B,
-    id: &ReservationId,
-    now: Timestamp,
-) -> StoreResult<Reservation> {
-    backend
-        .load_reservation(id, now)
-        .await?
-        .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))
+/// A void answered with the reservation as voided, its event and the
+/// refund's (both naming `actor`), and the answer stored.
+fn voided_by(actor: String) -> Assemble<Reply> {
+    Box::new(move |changed: &Changed| {
+        let current = changed.reservation()?;
+        let at = changed.at()?;
+        let reply = reply::reservation_ok(current);
+        let mut events = vec![about(
+            current,
+            EventType::ReservationVoided,
+            reply.body.clone(),
+            at,
+        )
+        .by(&actor)];
+        if let Some(refund) = &changed.refund {
+            let data = serde_json::to_string(refund).unwrap_or_default();
+            events.push(about(current, EventType::RefundRequested, data, at).by(&actor));
+        }
+        Ok(Written {
+            events,
+            answer: Some((reply.clone(), current.reservation_id.clone())),
+            value: reply,
+        })
+    })
 }
 
-/// One janitor pass: lapsed holds batch by batch, then stored answers and
-/// delivered events past retention, each batch its own short transaction.
-pub(crate) async fn sweep<B: Backend>(backend: &B, batch: i64) -> StoreResult<SweepReport> {
-    let batch = batch.max(1);
-    let mut report = SweepReport::default();
+/// Runs `one` batch after another until one comes back short; how many
+/// rows they took together.
+async fn batches<F: Future<Output = StoreResult<u64>>>(
+    batch: i64,
+    mut one: impl FnMut() -> F,
+) -> StoreResult<u64> {
+    let mut total = 0;
     loop {
-        let expired = backend.expire_batch(batch).await?;
-        report.expired += expired;
-        if expired < batch as u64 {
-            break;
+        let done = one().await?;
+        total += done;
+        if done < batch as u64 {
+            return Ok(total);
         }
     }
-    loop {
-        let purged = backend.purge_batch(batch).await?;
-        report.purged_keys += purged;
-        if purged < batch as u64 {
-            break;
-        }
-    }
-    loop {
-        let purged = backend.purge_events_batch(batch).await?;
-        report.purged_events += purged;
-        if purged < batch as u64 {
-            break;
-        }
-    }
-    Ok(report)
-}
-
-/// The payment system reports a refund done: REQUESTED becomes COMPLETED once.
-pub(crate) async fn complete_refund<B: Backend>(
-    backend: &B,
-    req: &CompleteRefundRequest,
-) -> StoreResult<Keyed<CompleteRefundOutcome>> {
-    for _ in 0..MAX_ATTEMPTS {
-        let snap = backend
-            .refund_snapshot(&req.refund_id, &req.idempotency)
-            .await?;
-        if let Some(stored) = snap.stored {
-            return Ok(match replay_or_reused(stored, &req.idempotency) {
-                Ok(reply) => Keyed::Replayed(reply),
-                Err(()) => Keyed::KeyReused,
-            });
-        }
-        let Some(refund) = snap.row else {
-            return Ok(Keyed::NotFound);
-        };
-        if refund.status == RefundStatus::Completed {
-            return Ok(Keyed::Done(CompleteRefundOutcome::AlreadyCompleted(refund)));
-        }
-        let written = backend
-            .transition(
-                Change::CompleteRefund { refund },
-                Some(&req.idempotency),
-                Box::new(|changed: &Changed| {
-                    let completed = changed
-                        .refund
-                        .as_ref()
-                        .ok_or_else(|| StoreError::Corrupt("a refund went missing".into()))?;
-                    let reply = Reply::json(200, completed);
-                    let event = NewEvent::new(
-                        &completed.asset_id,
-                        EventType::RefundCompleted,
-                        reply.body.clone(),
-                        changed.at()?,
-                    )
-                    .about(&completed.reservation_id);
-                    Ok(Written {
-                        events: vec![event],
-                        answer: Some((reply.clone(), completed.reservation_id.clone())),
-                        value: reply,
-                    })
-                }),
-            )
-            .await;
-        if let Some(reply) = moved_on_conflict(written)? {
-            return Ok(Keyed::Done(CompleteRefundOutcome::Completed(reply)));
-        }
-    }
-    Err(contention("complete the refund"))
 }

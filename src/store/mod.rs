@@ -14,6 +14,8 @@ mod statements;
 
 use std::time::Duration;
 
+use flow::{Backend, UseCases};
+
 pub use audit::Finding;
 pub use error::StoreError;
 pub use outcome::WriteOutcome;
@@ -251,6 +253,16 @@ pub struct RefundPage {
 pub struct FeedCursor {
     pub tx: i64,
     pub position: i64,
+}
+
+/// One page of the event feed: the events after `after`, at most `limit`.
+#[derive(Debug, Clone, Copy)]
+pub struct FeedPage {
+    pub after: FeedCursor,
+    pub limit: i64,
+    /// Only the events parked after too many failed deliveries; else only
+    /// those whose order is final.
+    pub dead: bool,
 }
 
 /// An event claimed for delivery: the attempt it is on.
@@ -518,11 +530,11 @@ impl Store {
         force: bool,
         actor: &str,
     ) -> StoreResult<WithdrawOutcome> {
-        bounded!(self, "withdraw the asset", s => flow::withdraw(s, id, force, actor))
+        bounded!(self, "withdraw the asset", s => s.withdraw(id, force, actor))
     }
 
     pub async fn reinstate(&self, id: &AssetId, actor: &str) -> StoreResult<ReinstateOutcome> {
-        bounded!(self, "reinstate the asset", s => flow::reinstate(s, id, actor))
+        bounded!(self, "reinstate the asset", s => s.reinstate(id, actor))
     }
 
     pub async fn get_asset(&self, id: &AssetId) -> StoreResult<Option<Asset>> {
@@ -567,23 +579,23 @@ impl Store {
     }
 
     pub async fn hold(&self, req: &HoldRequest) -> StoreResult<Keyed<HoldOutcome>> {
-        bounded!(self, "hold the asset", s => flow::hold(s, req))
+        bounded!(self, "hold the asset", s => s.hold(req))
     }
 
     pub async fn commit(&self, req: &CommitRequest) -> StoreResult<Keyed<CommitOutcome>> {
-        bounded!(self, "commit the reservation", s => flow::commit(s, req))
+        bounded!(self, "commit the reservation", s => s.commit(req))
     }
 
     pub async fn release(&self, req: &ReleaseRequest) -> StoreResult<Keyed<ReleaseOutcome>> {
-        bounded!(self, "release the reservation", s => flow::release(s, req))
+        bounded!(self, "release the reservation", s => s.release(req))
     }
 
     pub async fn extend(&self, req: &ExtendRequest) -> StoreResult<Keyed<ExtendOutcome>> {
-        bounded!(self, "extend the hold", s => flow::extend(s, req))
+        bounded!(self, "extend the hold", s => s.extend(req))
     }
 
     pub async fn void(&self, req: &VoidRequest) -> StoreResult<Keyed<VoidOutcome>> {
-        bounded!(self, "void the sale", s => flow::void(s, req))
+        bounded!(self, "void the sale", s => s.void(req))
     }
 
     /// The fate of `reference` in `scope` (sales recorded before scopes
@@ -593,7 +605,7 @@ impl Store {
         scope: Option<&str>,
         reference: &PaymentReference,
     ) -> StoreResult<Vec<(String, Payment)>> {
-        bounded!(self, "read a payment", s => flow::payments(s, scope, reference))
+        bounded!(self, "read a payment", s => s.payments(scope, reference))
     }
 
     pub async fn list_reservations(&self, page: &ReservationPage) -> StoreResult<Vec<Reservation>> {
@@ -609,7 +621,7 @@ impl Store {
         &self,
         req: &CompleteRefundRequest,
     ) -> StoreResult<Keyed<CompleteRefundOutcome>> {
-        bounded!(self, "complete the refund", s => flow::complete_refund(s, req))
+        bounded!(self, "complete the refund", s => s.complete_refund(req))
     }
 
     pub async fn list_refunds(&self, page: &RefundPage) -> StoreResult<Vec<Refund>> {
@@ -617,22 +629,9 @@ impl Store {
         shared!(self, "list refunds", read | _now | refunds_page(&page))
     }
 
-    /// Events after `after` whose order is final, oldest first.
-    pub async fn event_feed(
-        &self,
-        after: FeedCursor,
-        limit: i64,
-    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
-        bounded!(self, "read the event feed", s => s.event_feed(after, limit, false))
-    }
-
-    /// Events parked after too many failed deliveries, oldest first.
-    pub async fn dead_events(
-        &self,
-        after: FeedCursor,
-        limit: i64,
-    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
-        bounded!(self, "read the event feed", s => s.event_feed(after, limit, true))
+    /// One page of the event feed (or of its dead events), oldest first.
+    pub async fn event_feed(&self, page: FeedPage) -> StoreResult<Vec<(FeedCursor, Event)>> {
+        bounded!(self, "read the event feed", s => s.event_feed(page))
     }
 
     /// Schedules an event for delivery again; `None` when it does not exist.
@@ -660,7 +659,7 @@ impl Store {
 
     /// Expires lapsed holds and purges idempotency records past retention.
     pub async fn sweep(&self) -> StoreResult<SweepReport> {
-        dispatch!(self, s => flow::sweep(s, s.settings().sweep_batch).await)
+        dispatch!(self, s => s.sweep(s.settings()).await)
     }
 
     /// Checks every invariant; events older than `events_since` may have been

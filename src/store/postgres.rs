@@ -29,19 +29,20 @@ use futures_util::FutureExt;
 use super::coalesce::Coalescer;
 use super::error::{Abort, Context};
 use super::flow::{
-    expired_event, Assemble, Backend, Change, Changed, Claim, HoldDraft, PaymentKey, Snapshot,
+    expired_event, Assemble, Backend, Change, Changed, Claim, Fates, HoldDraft, PaymentKey, Purge,
+    Snapshot, Target,
 };
 use super::rows::{
-    Claimed, ClaimedRow, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow,
-    PaymentRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
+    asset_snapshot, Claimed, ClaimedRow, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
+    NowAssetRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
 };
 use super::statements::pg as shared;
 use super::{
-    Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, StoreError, StoreResult,
-    StoreSettings, WriteOutcome,
+    CompleteRefundRequest, Delivery, DeliveryResult, FeedCursor, FeedPage, HoldRequest,
+    Idempotency, PoolStatus, StoreError, StoreResult, StoreSettings, WriteOutcome,
 };
 use crate::domain::{
-    Asset, AssetId, Event, HoldTarget, Refund, RefundId, Reservation, ReservationId, Timestamp,
+    Asset, AssetId, Event, HoldTarget, Refund, Reservation, ReservationId, Timestamp,
 };
 
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
@@ -182,6 +183,25 @@ impl Sessions {
         } else {
             work(&mut conn).await
         }
+    }
+
+    /// The rows `query` answers on a pooled connection, each made into
+    /// what it stands for.
+    async fn rows<'q, Q, R, T>(
+        &self,
+        query: Q,
+        context: &'static str,
+        into: fn(R) -> StoreResult<T>,
+    ) -> StoreResult<Vec<T>>
+    where
+        Q: diesel_async::methods::LoadQuery<'q, AsyncPgConnection, R> + Send + 'q,
+        R: Send,
+    {
+        self.run(async |c| {
+            let rows = query.load::<R>(c).await.context(context)?;
+            rows.into_iter().map(into).collect()
+        })
+        .await
     }
 
     /// Runs `work` in one transaction on a pooled connection: committed when
@@ -394,17 +414,11 @@ impl PgStore {
     }
 }
 
-/// The event feed and the delivery of events.
-impl PgStore {
+impl Backend for PgStore {
     /// Only events whose transaction id is below the oldest running
     /// transaction are returned: none can commit later in front of them.
-    pub async fn event_feed(
-        &self,
-        after: FeedCursor,
-        limit: i64,
-        dead: bool,
-    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
-        let sql = if dead {
+    async fn event_feed(&self, page: FeedPage) -> StoreResult<Vec<(FeedCursor, Event)>> {
+        let sql = if page.dead {
             format!(
                 "SELECT txid::text::bigint AS tx, position, {EVENT_COLUMNS} FROM events \
              WHERE dead_at IS NOT NULL AND (txid, position) > ($1::text::xid8, $2) \
@@ -418,36 +432,17 @@ impl PgStore {
              ORDER BY txid, position LIMIT $3"
             )
         };
-        let rows = self
-            .db
-            .run(async |c| {
-                sql_query(sql)
-                    .bind::<Text, _>(after.tx.to_string())
-                    .bind::<BigInt, _>(after.position)
-                    .bind::<BigInt, _>(limit)
-                    .load::<FeedRow>(c)
-                    .await
-                    .context("read the event feed")
-            })
-            .await?;
-        rows.into_iter()
-            .map(|r| {
-                let cursor = FeedCursor {
-                    tx: r.tx,
-                    position: r.position,
-                };
-                r.event.into_event().map(|e| (cursor, e))
-            })
-            .collect()
+        let query = sql_query(sql)
+            .bind::<Text, _>(page.after.tx.to_string())
+            .bind::<BigInt, _>(page.after.position)
+            .bind::<BigInt, _>(page.limit);
+        let context = "read the event feed";
+        self.db.rows(query, context, FeedRow::into_entry).await
     }
 
     /// Claims due events with SKIP LOCKED and leases them, in one short
     /// statement; delivery happens after it committed.
-    pub async fn claim_deliveries(
-        &self,
-        limit: i64,
-        lease: Duration,
-    ) -> StoreResult<Vec<Delivery>> {
+    async fn claim_deliveries(&self, limit: i64, lease: Duration) -> StoreResult<Vec<Delivery>> {
         let sql = format!(
             "UPDATE events SET attempts = attempts + 1, next_attempt_at = now() + \
                 make_interval(secs => $2) \
@@ -457,28 +452,16 @@ impl PgStore {
                           ORDER BY position LIMIT $1 FOR UPDATE SKIP LOCKED) \
              RETURNING {EVENT_COLUMNS}, attempts"
         );
-        let rows = self
-            .db
-            .run(async |c| {
-                sql_query(sql)
-                    .bind::<BigInt, _>(limit)
-                    .bind::<Double, _>(lease.as_secs_f64())
-                    .load::<ClaimedRow>(c)
-                    .await
-                    .context("claim events to deliver")
-            })
-            .await?;
-        rows.into_iter()
-            .map(|r| {
-                r.event.into_event().map(|event| Delivery {
-                    event,
-                    attempt: r.attempts,
-                })
-            })
-            .collect()
+        let query = sql_query(sql)
+            .bind::<BigInt, _>(limit)
+            .bind::<Double, _>(lease.as_secs_f64());
+        let context = "claim events to deliver";
+        self.db
+            .rows(query, context, ClaimedRow::into_delivery)
+            .await
     }
 
-    pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
+    async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
         self.db
             .run(async |conn| {
                 let (error, delay) = match result {
@@ -508,31 +491,18 @@ impl PgStore {
             })
             .await
     }
-}
-impl Backend for PgStore {
-    async fn refund_snapshot(
-        &self,
-        id: &RefundId,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Snapshot<Refund>> {
+
+    async fn refund_snapshot(&self, req: &CompleteRefundRequest) -> StoreResult<Snapshot<Refund>> {
+        let idempotency = &req.idempotency;
         self.db
             .run(async |conn| {
-            let key = sql_query(
-                "SELECT now() AS now, i.fingerprint, i.status_code, i.body, i.location \
-                 FROM (SELECT 1) AS one LEFT JOIN idempotency_keys i ON i.scope = $1 AND i.key = $2",
-            )
-            .bind::<Text, _>(&idempotency.scope)
-            .bind::<Text, _>(idempotency.key.as_str())
-            .get_result::<KeySnapshotRow>(conn)
-            .await
-            .context("read the idempotency key")?;
-            let refund = shared::refund(conn, &id.to_string()).await?;
-            Ok(Snapshot {
-                now: key.now,
-                row: refund,
-                stored: key.stored.into_answer(),
-                fate: None,
-            })
+                let key = sql_query(KEY_SNAPSHOT_SQL)
+                    .bind::<Text, _>(&idempotency.scope)
+                    .bind::<Text, _>(idempotency.key.as_str())
+                    .get_result::<KeySnapshotRow>(conn)
+                    .await
+                    .context("read the idempotency key")?;
+                Ok(key.with_row(shared::refund(conn, &req.refund_id.to_string()).await?))
             })
             .await
     }
@@ -550,34 +520,7 @@ impl Backend for PgStore {
                     Some(row) => row.now,
                     None => db_now(conn).await?,
                 };
-                Ok(Snapshot {
-                    now,
-                    row: row.map(|r| r.asset.into_stored_asset()).transpose()?,
-                    stored: None,
-                    fate: None,
-                })
-            })
-            .await
-    }
-
-    async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
-        let Some(retention) = self.settings.event_retention else {
-            return Ok(0);
-        };
-        self.db
-            .run(async |conn| {
-                let purged = sql_query(
-                    "DELETE FROM events WHERE id IN ( \
-                   SELECT id FROM events WHERE delivered_at IS NOT NULL \
-                     AND created_at < now() - make_interval(secs => $1) \
-                   ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                )
-                .bind::<Double, _>(retention.as_secs_f64())
-                .bind::<BigInt, _>(limit)
-                .execute(conn)
-                .await
-                .context("purge delivered events")?;
-                Ok(purged as u64)
+                asset_snapshot(now, row)
             })
             .await
     }
@@ -594,35 +537,29 @@ impl Backend for PgStore {
         Ok(expired as u64)
     }
 
-    async fn purge_batch(&self, limit: i64) -> StoreResult<u64> {
-        self.db
-            .run(async |conn| {
-                let purged = sql_query(
-                    "DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
-                   SELECT scope, key FROM idempotency_keys WHERE created_at < now() - \
-                       make_interval(secs => $1) \
-                   ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                )
-                .bind::<Double, _>(self.settings.idempotency_retention.as_secs_f64())
-                .bind::<BigInt, _>(limit)
-                .execute(conn)
-                .await
-                .context("purge idempotency records")?;
-                Ok(purged as u64)
-            })
-            .await
+    /// The purge statements take the rows older than the retention ($1,
+    /// seconds), `limit` ($2) at a time, with SKIP LOCKED.
+    async fn purge_batch(&self, what: Purge, limit: i64, retention: Duration) -> StoreResult<u64> {
+        let sql = match what {
+            Purge::Keys => PURGE_KEYS_SQL,
+            Purge::Events => PURGE_EVENTS_SQL,
+        };
+        let query = sql_query(sql)
+            .bind::<Double, _>(retention.as_secs_f64())
+            .bind::<BigInt, _>(limit);
+        let purged = self
+            .db
+            .run(async |c| query.execute(c).await.context(what.context()))
+            .await?;
+        Ok(purged as u64)
     }
 
-    async fn hold_snapshot(
-        &self,
-        asset: &AssetId,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Snapshot<HoldTarget>> {
+    async fn hold_snapshot(&self, req: &HoldRequest) -> StoreResult<Snapshot<HoldTarget>> {
         self.snapshots
             .call((
-                asset.to_string(),
-                idempotency.scope.clone(),
-                idempotency.key.to_string(),
+                req.asset_id.to_string(),
+                req.idempotency.scope.clone(),
+                req.idempotency.key.to_string(),
             ))
             .await?
             .into_snapshot()
@@ -650,19 +587,15 @@ impl Backend for PgStore {
             .await
     }
 
-    async fn reservation_snapshot(
-        &self,
-        id: &ReservationId,
-        idempotency: &Idempotency,
-        payment: Option<PaymentKey<'_>>,
-    ) -> StoreResult<Snapshot<Reservation>> {
+    async fn reservation_snapshot(&self, target: Target<'_>) -> StoreResult<Snapshot<Reservation>> {
+        let (key, payment) = (target.idempotency, target.payment);
         self.db
             .run(async |conn| {
                 Prepared(
                     sql_query(RESERVATION_SNAPSHOT_SQL)
-                        .bind::<Text, _>(id.to_string())
-                        .bind::<Text, _>(&idempotency.scope)
-                        .bind::<Text, _>(idempotency.key.as_str())
+                        .bind::<Text, _>(target.id.to_string())
+                        .bind::<Text, _>(&key.scope)
+                        .bind::<Text, _>(key.key.as_str())
                         .bind::<Nullable<Text>, _>(payment.map(|p| p.scope))
                         .bind::<Nullable<Text>, _>(payment.map(|p| p.reference)),
                 )
@@ -674,23 +607,19 @@ impl Backend for PgStore {
             .await
     }
 
-    async fn load_reservation(
-        &self,
-        id: &ReservationId,
-        now: Timestamp,
-    ) -> StoreResult<Option<Reservation>> {
+    async fn reload(&self, id: &ReservationId, now: Timestamp) -> StoreResult<Reservation> {
+        let id = id.to_string();
         self.db
-            .run(async |conn| shared::load_reservation(conn, &id.to_string(), now, None).await)
+            .run(async |c| shared::reload(c, &id, now).await)
             .await
     }
 
-    async fn payment_fates(
-        &self,
-        scope: Option<&str>,
-        reference: &str,
-    ) -> StoreResult<(Timestamp, Vec<PaymentRow>)> {
-        self.read(async |c, now| Ok((now, shared::payment_fates(c, scope, reference).await?)))
-            .await
+    async fn payment_fates(&self, scope: Option<&str>, reference: &str) -> StoreResult<Fates> {
+        self.read(async |c, now| {
+            let rows = shared::payment_fates(c, scope, reference).await?;
+            Ok(Fates { now, rows })
+        })
+        .await
     }
 
     async fn transition<T: Send + 'static>(
@@ -715,6 +644,23 @@ impl Backend for PgStore {
         Abort::settle(result.map(Some), None)
     }
 }
+
+/// The answer stored under a key ($1 scope, $2 key), at the database's clock.
+const KEY_SNAPSHOT_SQL: &str = "\
+SELECT now() AS now, i.fingerprint, i.status_code, i.body, i.location \
+FROM (SELECT 1) AS one LEFT JOIN idempotency_keys i ON i.scope = $1 AND i.key = $2";
+
+const PURGE_EVENTS_SQL: &str = "\
+DELETE FROM events WHERE id IN ( \
+SELECT id FROM events WHERE delivered_at IS NOT NULL \
+AND created_at < now() - make_interval(secs => $1) \
+ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+const PURGE_KEYS_SQL: &str = "\
+DELETE FROM idempotency_keys WHERE (scope, key) IN ( \
+SELECT scope, key FROM idempotency_keys WHERE created_at < now() - \
+make_interval(secs => $1) \
+ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
 /// Makes a change: the sale or release of a live hold as one statement at
 /// the database's own `now()`; every other change by the shared statements,
@@ -1064,20 +1010,10 @@ pub(crate) async fn insert_event(
     conn: &mut AsyncPgConnection,
     event: &NewEvent,
 ) -> StoreResult<()> {
-    Prepared(
-        sql_query(INSERT_EVENT_SQL)
-            .bind::<Text, _>(&event.id)
-            .bind::<Text, _>(&event.asset_id)
-            .bind::<BigInt, _>(event.sequence)
-            .bind::<Text, _>(event.event_type.as_str())
-            .bind::<Text, _>(&event.data)
-            .bind::<Timestamptz, _>(event.created_at)
-            .bind::<Nullable<Text>, _>(event.reservation_id.as_deref())
-            .bind::<Nullable<Text>, _>(event.actor.as_deref()),
-    )
-    .execute(conn)
-    .await
-    .context("record an event")?;
+    Prepared(event.bound::<Pg>(INSERT_EVENT_SQL))
+        .execute(conn)
+        .await
+        .context("record an event")?;
     Ok(())
 }
 

@@ -1,11 +1,15 @@
 //! Row types shared by both backends, and their conversion to the domain.
 
+use diesel::backend::Backend;
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::query_builder::{BoxedSqlQuery, SqlQuery};
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, HasSqlType, Integer, Nullable, Text};
 use diesel::QueryableByName;
 
+use super::flow::Snapshot;
 use super::schema::{assets, events, payments, refunds, reservations, Instant};
-use super::{StoreError, StoreResult, StoredAnswer};
+use super::{Delivery, FeedCursor, StoreError, StoreResult, StoredAnswer};
 use crate::domain::{
     Asset, AssetStatus, Event, EventId, EventType, HoldTarget, PaymentFate, Refund, RefundReason,
     RefundStatus, Reservation, ReservationId, ReservationStatus, Timestamp,
@@ -97,6 +101,15 @@ pub(crate) struct NowAssetRow {
     pub(crate) now: Timestamp,
     #[diesel(embed)]
     pub(crate) asset: AssetRow,
+}
+
+/// An asset's snapshot: the asset as stored (if it exists) at `now`.
+pub(crate) fn asset_snapshot(
+    now: Timestamp,
+    row: Option<NowAssetRow>,
+) -> StoreResult<Snapshot<Asset>> {
+    let row = row.map(|r| r.asset.into_stored_asset()).transpose()?;
+    Ok(Snapshot::unkeyed(now, row))
 }
 
 #[derive(QueryableByName, Selectable, Queryable, Clone)]
@@ -243,20 +256,18 @@ impl MaybeStoredRow {
 
 #[derive(QueryableByName, Clone)]
 pub(crate) struct HoldSnapshotRow {
-    #[diesel(sql_type = Instant)]
-    pub(crate) now: Timestamp,
+    #[diesel(embed)]
+    pub(crate) key: KeySnapshotRow,
     #[diesel(sql_type = Nullable<Text>)]
     pub(crate) status: Option<String>,
     #[diesel(sql_type = Nullable<Instant>)]
     pub(crate) hold_expires_at: Option<Timestamp>,
     #[diesel(sql_type = Nullable<Instant>)]
     pub(crate) available_from: Option<Timestamp>,
-    #[diesel(embed)]
-    pub(crate) stored: MaybeStoredRow,
 }
 
 impl HoldSnapshotRow {
-    pub(crate) fn into_snapshot(self) -> StoreResult<super::flow::Snapshot<HoldTarget>> {
+    pub(crate) fn into_snapshot(self) -> StoreResult<Snapshot<HoldTarget>> {
         let row = match self.status {
             Some(s) => Some(HoldTarget {
                 status: parse_status(AssetStatus::parse, &s)?,
@@ -265,12 +276,7 @@ impl HoldSnapshotRow {
             }),
             None => None,
         };
-        Ok(super::flow::Snapshot {
-            now: self.now,
-            row,
-            stored: self.stored.into_answer(),
-            fate: None,
-        })
+        Ok(self.key.with_row(row))
     }
 }
 
@@ -287,8 +293,8 @@ pub(crate) struct ReservationSnapshotRow {
 }
 
 impl ReservationSnapshotRow {
-    pub(crate) fn into_snapshot(self) -> StoreResult<super::flow::Snapshot<Reservation>> {
-        Ok(super::flow::Snapshot {
+    pub(crate) fn into_snapshot(self) -> StoreResult<Snapshot<Reservation>> {
+        Ok(Snapshot {
             now: self.now,
             row: self.reservation.into_reservation()?,
             stored: self.stored.into_answer(),
@@ -437,6 +443,28 @@ impl NewEvent {
         self.actor = Some(actor.to_owned());
         self
     }
+
+    /// The insert statement `sql` with the event bound as its first eight
+    /// parameters: id, asset, sequence, type, data, creation, the reservation
+    /// it reports (whose owner it records) and the actor.
+    pub(crate) fn bound<DB>(&self, sql: &str) -> BoxedSqlQuery<'_, DB, SqlQuery>
+    where
+        DB: Backend + HasSqlType<Text> + HasSqlType<BigInt> + HasSqlType<Instant>,
+        str: ToSql<Text, DB>,
+        i64: ToSql<BigInt, DB>,
+        Timestamp: ToSql<Instant, DB>,
+    {
+        diesel::sql_query(sql)
+            .into_boxed()
+            .bind::<Text, _>(self.id.as_str())
+            .bind::<Text, _>(self.asset_id.as_str())
+            .bind::<BigInt, _>(self.sequence)
+            .bind::<Text, _>(self.event_type.as_str())
+            .bind::<Text, _>(self.data.as_str())
+            .bind::<Instant, _>(self.created_at)
+            .bind::<Nullable<Text>, _>(self.reservation_id.as_deref())
+            .bind::<Nullable<Text>, _>(self.actor.as_deref())
+    }
 }
 
 /// The columns of an [`EventRow`] in raw SQL (`type` is a keyword in Rust).
@@ -452,6 +480,15 @@ pub(crate) struct ClaimedRow {
     pub(crate) attempts: i32,
 }
 
+impl ClaimedRow {
+    pub(crate) fn into_delivery(self) -> StoreResult<Delivery> {
+        Ok(Delivery {
+            event: self.event.into_event()?,
+            attempt: self.attempts,
+        })
+    }
+}
+
 /// An event with its place in the global feed.
 #[derive(QueryableByName)]
 pub(crate) struct FeedRow {
@@ -463,13 +500,36 @@ pub(crate) struct FeedRow {
     pub(crate) event: EventRow,
 }
 
+impl FeedRow {
+    /// The event and its place in the feed.
+    pub(crate) fn into_entry(self) -> StoreResult<(FeedCursor, Event)> {
+        let cursor = FeedCursor {
+            tx: self.tx,
+            position: self.position,
+        };
+        Ok((cursor, self.event.into_event()?))
+    }
+}
+
 /// The clock and the answer stored under a key.
-#[derive(QueryableByName)]
+#[derive(QueryableByName, Clone)]
 pub(crate) struct KeySnapshotRow {
     #[diesel(sql_type = Instant)]
     pub(crate) now: Timestamp,
     #[diesel(embed)]
     pub(crate) stored: MaybeStoredRow,
+}
+
+impl KeySnapshotRow {
+    /// The snapshot of `row` read with this clock and stored answer.
+    pub(crate) fn with_row<T>(self, row: Option<T>) -> Snapshot<T> {
+        Snapshot {
+            now: self.now,
+            row,
+            stored: self.stored.into_answer(),
+            fate: None,
+        }
+    }
 }
 
 #[derive(QueryableByName)]

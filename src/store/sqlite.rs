@@ -15,24 +15,25 @@ use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
 use diesel::sql_query;
 use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::sqlite::SqliteConnection;
+use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::error::{Abort, Context};
-use super::flow::{expired_event, Assemble, Backend, Claim, HoldDraft, PaymentKey, Snapshot};
+use super::flow::{
+    expired_event, Assemble, Backend, Claim, Fates, HoldDraft, Purge, Snapshot, Target,
+};
 use super::rows::{
-    ClaimedRow, Count, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent, NowAssetRow, PaymentRow,
-    ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
+    asset_snapshot, ClaimedRow, Count, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
+    NowAssetRow, ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
 };
 use super::schema::Instant;
 use super::statements::lite as shared;
 use super::{
-    Delivery, DeliveryResult, FeedCursor, Idempotency, PoolStatus, StoreError, StoreResult,
-    StoreSettings,
+    CompleteRefundRequest, Delivery, DeliveryResult, FeedCursor, FeedPage, HoldRequest,
+    Idempotency, PoolStatus, StoreError, StoreResult, StoreSettings,
 };
 use crate::domain::{
-    Asset, AssetId, Event, EventType, HoldTarget, Refund, RefundId, Reservation, ReservationId,
-    Timestamp,
+    Asset, AssetId, Event, EventType, HoldTarget, Refund, Reservation, ReservationId, Timestamp,
 };
 
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
@@ -344,17 +345,11 @@ where
     .map_err(|e| StoreError::unavailable(context, format!("the database task ended: {e}")))?
 }
 
-/// The event feed and the delivery of events. Writes are serialised, so
-/// position order is commit order.
-impl SqliteStore {
-    pub async fn event_feed(
-        &self,
-        after: FeedCursor,
-        limit: i64,
-        dead: bool,
-    ) -> StoreResult<Vec<(FeedCursor, Event)>> {
+impl Backend for SqliteStore {
+    /// Writes are serialised, so position order is commit order.
+    async fn event_feed(&self, page: FeedPage) -> StoreResult<Vec<(FeedCursor, Event)>> {
         self.read("read the event feed", move |c| {
-            let sql = if dead {
+            let sql = if page.dead {
                 format!(
                     "SELECT 0 AS tx, position, {EVENT_COLUMNS} FROM events WHERE dead_at IS \
                     NOT NULL AND position > ? \
@@ -367,28 +362,16 @@ impl SqliteStore {
                 )
             };
             let rows = sql_query(sql)
-                .bind::<BigInt, _>(after.position)
-                .bind::<BigInt, _>(limit)
+                .bind::<BigInt, _>(page.after.position)
+                .bind::<BigInt, _>(page.limit)
                 .load::<FeedRow>(c)
                 .context("read the event feed")?;
-            rows.into_iter()
-                .map(|r| {
-                    let cursor = FeedCursor {
-                        tx: r.tx,
-                        position: r.position,
-                    };
-                    r.event.into_event().map(|e| (cursor, e))
-                })
-                .collect()
+            rows.into_iter().map(FeedRow::into_entry).collect()
         })
         .await
     }
 
-    pub async fn claim_deliveries(
-        &self,
-        limit: i64,
-        lease: Duration,
-    ) -> StoreResult<Vec<Delivery>> {
+    async fn claim_deliveries(&self, limit: i64, lease: Duration) -> StoreResult<Vec<Delivery>> {
         let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(60));
         let rows = self
             .write("claim events to deliver", move |c| {
@@ -409,17 +392,10 @@ impl SqliteStore {
             })
             .await?
             .map_err(abort_to_error)?;
-        rows.into_iter()
-            .map(|r| {
-                r.event.into_event().map(|event| Delivery {
-                    event,
-                    attempt: r.attempts,
-                })
-            })
-            .collect()
+        rows.into_iter().map(ClaimedRow::into_delivery).collect()
     }
 
-    pub async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
+    async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
         let id = id.to_owned();
         let result = result.clone();
         self.write("record a delivery", move |c| {
@@ -459,15 +435,9 @@ impl SqliteStore {
         .await?
         .map_err(abort_to_error)
     }
-}
 
-impl Backend for SqliteStore {
-    async fn refund_snapshot(
-        &self,
-        id: &RefundId,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Snapshot<Refund>> {
-        let (id, idempotency) = (id.to_string(), idempotency.clone());
+    async fn refund_snapshot(&self, req: &CompleteRefundRequest) -> StoreResult<Snapshot<Refund>> {
+        let (id, idempotency) = (req.refund_id.to_string(), req.idempotency.clone());
         self.read("read the refund", move |c| {
             let key = sql_query(
                 "SELECT ? AS now, i.fingerprint, i.status_code, i.body, i.location \
@@ -478,12 +448,7 @@ impl Backend for SqliteStore {
             .bind::<Text, _>(idempotency.key.into_inner())
             .get_result::<KeySnapshotRow>(c)
             .context("read the idempotency key")?;
-            Ok(Snapshot {
-                now: key.now,
-                row: shared::refund(c, &id)?,
-                stored: key.stored.into_answer(),
-                fate: None,
-            })
+            Ok(key.with_row(shared::refund(c, &id)?))
         })
         .await
     }
@@ -498,38 +463,9 @@ impl Backend for SqliteStore {
                 .get_result::<NowAssetRow>(c)
                 .optional()
                 .context("read an asset")?;
-            Ok(Snapshot {
-                now,
-                row: row.map(|r| r.asset.into_stored_asset()).transpose()?,
-                stored: None,
-                fate: None,
-            })
+            asset_snapshot(now, row)
         })
         .await
-    }
-
-    async fn purge_events_batch(&self, limit: i64) -> StoreResult<u64> {
-        let Some(retention) = self.settings.event_retention else {
-            return Ok(0);
-        };
-        let retention =
-            chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::days(36500));
-        let purged = self
-            .write("purge delivered events", move |c| {
-                Ok(sql_query(
-                    "DELETE FROM events WHERE position IN ( \
-                       SELECT position FROM events WHERE delivered_at IS NOT NULL AND created_at \
-                           < ? \
-                       ORDER BY position LIMIT ?)",
-                )
-                .bind::<Instant, _>(clock() - retention)
-                .bind::<BigInt, _>(limit)
-                .execute(c)
-                .context("purge delivered events")?)
-            })
-            .await?
-            .map_err(abort_to_error)?;
-        Ok(purged as u64)
     }
 
     async fn expire_batch(&self, limit: i64) -> StoreResult<u64> {
@@ -542,32 +478,33 @@ impl Backend for SqliteStore {
         Ok(expired as u64)
     }
 
-    async fn purge_batch(&self, limit: i64) -> StoreResult<u64> {
-        let retention = chrono::Duration::from_std(self.settings.idempotency_retention)
-            .unwrap_or(chrono::Duration::hours(24));
+    /// The purge statements take the rows created before the clock less the
+    /// retention (?1), `limit` (?2) at a time.
+    async fn purge_batch(&self, what: Purge, limit: i64, retention: Duration) -> StoreResult<u64> {
+        let sql = match what {
+            Purge::Keys => PURGE_KEYS_SQL,
+            Purge::Events => PURGE_EVENTS_SQL,
+        };
+        let age = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
         let purged = self
-            .write("purge idempotency records", move |c| {
-                Ok(sql_query(
-                    "DELETE FROM idempotency_keys WHERE rowid IN ( \
-                       SELECT rowid FROM idempotency_keys WHERE created_at < ? ORDER BY \
-                           created_at LIMIT ?)",
-                )
-                .bind::<Instant, _>(clock() - retention)
-                .bind::<BigInt, _>(limit)
-                .execute(c)
-                .context("purge idempotency records")?)
+            .write(what.context(), move |c| {
+                // A retention too long to count back from keeps every row.
+                let Some(before) = clock().checked_sub_signed(age) else {
+                    return Ok(0);
+                };
+                Ok(sql_query(sql)
+                    .bind::<Instant, _>(before)
+                    .bind::<BigInt, _>(limit)
+                    .execute(c)
+                    .context(what.context())?)
             })
             .await?
             .map_err(abort_to_error)?;
         Ok(purged as u64)
     }
 
-    async fn hold_snapshot(
-        &self,
-        asset: &AssetId,
-        idempotency: &Idempotency,
-    ) -> StoreResult<Snapshot<HoldTarget>> {
-        let (asset, idempotency) = (asset.to_string(), idempotency.clone());
+    async fn hold_snapshot(&self, req: &HoldRequest) -> StoreResult<Snapshot<HoldTarget>> {
+        let (asset, idempotency) = (req.asset_id.to_string(), req.idempotency.clone());
         self.read("read the asset to hold", move |c| {
             sql_query(
                 "SELECT ? AS now, a.status, a.hold_expires_at, a.available_from, \
@@ -664,15 +601,10 @@ impl Backend for SqliteStore {
         Abort::settle(result, Claim::Taken)
     }
 
-    async fn reservation_snapshot(
-        &self,
-        id: &ReservationId,
-        idempotency: &Idempotency,
-        payment: Option<PaymentKey<'_>>,
-    ) -> StoreResult<Snapshot<Reservation>> {
-        let (id, idempotency) = (id.to_string(), idempotency.clone());
-        let scope = payment.map(|p| p.scope.to_owned());
-        let reference = payment.map(|p| p.reference.to_owned());
+    async fn reservation_snapshot(&self, target: Target<'_>) -> StoreResult<Snapshot<Reservation>> {
+        let (id, idempotency) = (target.id.to_string(), target.idempotency.clone());
+        let scope = target.payment.map(|p| p.scope.to_owned());
+        let reference = target.payment.map(|p| p.reference.to_owned());
         self.read("read the reservation", move |c| {
             sql_query(RESERVATION_SNAPSHOT_SQL)
                 .bind::<Instant, _>(clock())
@@ -688,31 +620,20 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn payment_fates(
-        &self,
-        scope: Option<&str>,
-        reference: &str,
-    ) -> StoreResult<(Timestamp, Vec<PaymentRow>)> {
+    async fn payment_fates(&self, scope: Option<&str>, reference: &str) -> StoreResult<Fates> {
         let (scope, reference) = (scope.map(str::to_owned), reference.to_owned());
         self.read("read a payment", move |c| {
-            Ok((
-                clock(),
-                shared::payment_fates(c, scope.as_deref(), &reference)?,
-            ))
+            let now = clock();
+            let rows = shared::payment_fates(c, scope.as_deref(), &reference)?;
+            Ok(Fates { now, rows })
         })
         .await
     }
 
-    async fn load_reservation(
-        &self,
-        id: &ReservationId,
-        now: Timestamp,
-    ) -> StoreResult<Option<Reservation>> {
+    async fn reload(&self, id: &ReservationId, now: Timestamp) -> StoreResult<Reservation> {
         let id = id.to_string();
-        self.read("read a reservation", move |c| {
-            shared::load_reservation(c, &id, now, None)
-        })
-        .await
+        self.read("read a reservation", move |c| shared::reload(c, &id, now))
+            .await
     }
 
     async fn transition<T: Send + 'static>(
@@ -745,6 +666,15 @@ impl Backend for SqliteStore {
         Abort::settle(result.map(Some), None)
     }
 }
+
+const PURGE_EVENTS_SQL: &str = "\
+DELETE FROM events WHERE position IN ( \
+SELECT position FROM events WHERE delivered_at IS NOT NULL AND created_at < ? \
+ORDER BY position LIMIT ?)";
+
+const PURGE_KEYS_SQL: &str = "\
+DELETE FROM idempotency_keys WHERE rowid IN ( \
+SELECT rowid FROM idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?)";
 
 /// A reservation's first read: the clock, the reservation, the answer stored
 /// under the key, and the fate of the payment a commit carries (?5 scope, ?6
@@ -827,15 +757,8 @@ VALUES ((SELECT last_position FROM feed_position) + 1,
         ?1, ?2, ?3, ?4, ?5, ?6, (SELECT owner FROM reservations WHERE id = ?7), ?8)";
 
 pub(crate) fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()> {
-    sql_query(INSERT_EVENT_SQL)
-        .bind::<Text, _>(&event.id)
-        .bind::<Text, _>(&event.asset_id)
-        .bind::<BigInt, _>(event.sequence)
-        .bind::<Text, _>(event.event_type.as_str())
-        .bind::<Text, _>(&event.data)
-        .bind::<Instant, _>(event.created_at)
-        .bind::<Nullable<Text>, _>(event.reservation_id.as_deref())
-        .bind::<Nullable<Text>, _>(event.actor.as_deref())
+    event
+        .bound::<Sqlite>(INSERT_EVENT_SQL)
         .execute(conn)
         .context("record an event")?;
     Ok(())

@@ -5,6 +5,30 @@
 //! What differs between the dialects (PostgreSQL's single-statement writes
 //! and coalesced read, SQLite's event positions) stays in each backend.
 
+/// The row an update (or insert) of one row changed, returned whole as
+/// `$row` and run by the dialect's `exec!` on `$conn`; `None` when its
+/// guard matched no row.
+macro_rules! returned {
+    ($conn:ident, $update:expr, $row:ty, $context:literal) => {
+        exec!($update
+            .returning(<$row as SelectableHelper<_>>::as_returning())
+            .get_result::<$row>($conn))
+        .found($context)
+    };
+}
+
+/// The event number an update of the asset took (see [`next_event`]),
+/// run by the dialect's `exec!` on `$conn`; `None` when its guard matched
+/// no row.
+macro_rules! numbered {
+    ($conn:ident, $update:expr, $context:literal) => {
+        exec!($update
+            .returning(assets::last_event_sequence)
+            .get_result::<i64>($conn))
+        .found($context)
+    };
+}
+
 /// Defines each function once for each backend: `exec!(query)` awaits it on
 /// PostgreSQL and runs it as is on SQLite.
 macro_rules! both {
@@ -53,12 +77,12 @@ macro_rules! both {
 }
 
 use diesel::{
-    BoolExpressionMethods, ExpressionMethods, JoinOnDsl, NullableExpressionMethods,
-    OptionalExtension, QueryDsl, SelectableHelper,
+    dsl, BoolExpressionMethods, ExpressionMethods, JoinOnDsl, NullableExpressionMethods, QueryDsl,
+    SelectableHelper,
 };
 
 use super::audit::{self, Finding, CHECKS};
-use super::error::Context;
+use super::error::{Context, Found};
 use super::flow::{Change, Changed, PaymentKey, Written};
 use super::rows::{
     with_refunds, AssetRow, EventRow, PaymentRow, RefundRow, ReservationRow, StatusCountRow,
@@ -66,12 +90,151 @@ use super::rows::{
 use super::schema::{
     assets, events, idempotency_keys, payments, refunds, reservations, At, Instant,
 };
-use super::{AssetPage, Idempotency, RefundPage, ReservationPage, StoreResult};
+use super::{AssetPage, Idempotency, RefundPage, ReservationPage, StoreError, StoreResult};
 use crate::domain::{
     extension_allowed, Asset, AssetId, AssetStatus, Event, Refund, Reservation, ReservationStatus,
     Timestamp,
 };
 use crate::reply::Reply;
+
+/// What a change of an asset that takes an event number sets besides its
+/// own columns: its version and its last event number one up, and when.
+fn next_event(now: Timestamp) -> NextEvent {
+    (
+        assets::version.eq(assets::version + 1),
+        assets::last_event_sequence.eq(assets::last_event_sequence + 1),
+        assets::updated_at.eq(At(now)),
+    )
+}
+
+type NextEvent = (
+    dsl::Eq<assets::version, dsl::Add<assets::version, i64>>,
+    dsl::Eq<assets::last_event_sequence, dsl::Add<assets::last_event_sequence, i64>>,
+    dsl::Eq<assets::updated_at, At>,
+);
+
+/// What a change of an asset that takes no event number sets besides: its
+/// version one up, and when.
+fn next_version(now: Timestamp) -> NextVersion {
+    (
+        assets::version.eq(assets::version + 1),
+        assets::updated_at.eq(At(now)),
+    )
+}
+
+type NextVersion = (
+    dsl::Eq<assets::version, dsl::Add<assets::version, i64>>,
+    dsl::Eq<assets::updated_at, At>,
+);
+
+/// The asset `reservation` holds, while its hold is live at `now`.
+fn held_live(reservation: &Reservation, now: Timestamp) -> HeldLive<'_> {
+    assets::table
+        .filter(assets::id.eq(&reservation.asset_id))
+        .filter(assets::status.eq("HELD"))
+        .filter(assets::current_reservation_id.eq(&reservation.reservation_id))
+        .filter(assets::hold_expires_at.gt(At(now)))
+}
+
+type HeldLive<'a> = dsl::Filter<
+    dsl::Filter<
+        dsl::Filter<
+            dsl::Filter<assets::table, dsl::Eq<assets::id, &'a String>>,
+            dsl::Eq<assets::status, &'static str>,
+        >,
+        dsl::Eq<assets::current_reservation_id, &'a String>,
+    >,
+    dsl::Gt<assets::hold_expires_at, At>,
+>;
+
+/// What an asset whose hold or sale ends sets: `status`, the reservation
+/// that now has it (`current`), no hold expiry, and its next event.
+fn settled<'a>(status: &'static str, current: Option<&'a str>, now: Timestamp) -> Settled<'a> {
+    (
+        assets::status.eq(status),
+        assets::current_reservation_id.eq(current),
+        assets::hold_expires_at.eq(None),
+        next_event(now),
+    )
+}
+
+type Settled<'a> = (
+    dsl::Eq<assets::status, &'static str>,
+    dsl::Eq<assets::current_reservation_id, Option<&'a str>>,
+    dsl::Eq<assets::hold_expires_at, Option<At>>,
+    NextEvent,
+);
+
+/// The reservation `id` while it still has `status`.
+fn reservation_in<'a>(id: &'a str, status: &'static str) -> ReservationIn<'a> {
+    reservations::table
+        .find(id)
+        .filter(reservations::status.eq(status))
+}
+
+type ReservationIn<'a> = dsl::Filter<
+    dsl::Find<reservations::table, &'a str>,
+    dsl::Eq<reservations::status, &'static str>,
+>;
+
+/// What a reservation sold for `payment` at `now` sets.
+fn committed(payment: PaymentKey<'_>, now: Timestamp) -> Committed<'_> {
+    (
+        reservations::status.eq("COMMITTED"),
+        reservations::committed_at.eq(At(now)),
+        reservations::payment_reference.eq(payment.reference),
+        reservations::payment_scope.eq(payment.scope),
+    )
+}
+
+type Committed<'a> = (
+    dsl::Eq<reservations::status, &'static str>,
+    dsl::Eq<reservations::committed_at, At>,
+    dsl::Eq<reservations::payment_reference, &'a str>,
+    dsl::Eq<reservations::payment_scope, &'a str>,
+);
+
+/// What a reservation released at `now` sets.
+fn released(now: Timestamp) -> Released {
+    (
+        reservations::status.eq("RELEASED"),
+        reservations::released_at.eq(At(now)),
+    )
+}
+
+type Released = (
+    dsl::Eq<reservations::status, &'static str>,
+    dsl::Eq<reservations::released_at, At>,
+);
+
+/// What a change of a reservation wrote: the reservation as it became (by
+/// its effective status at `now`), and the event number its asset took.
+fn reservation_changed(
+    row: ReservationRow,
+    sequence: i64,
+    now: Timestamp,
+) -> StoreResult<Option<Changed>> {
+    Ok(Some(Changed {
+        now: Some(now),
+        reservation: Some(row.into_reservation()?.effective(now)),
+        sequence: Some(sequence),
+        ..Changed::default()
+    }))
+}
+
+/// The asset a statement returned (if any), by its effective status at `now`.
+fn asset_at(row: Option<AssetRow>, now: Timestamp) -> StoreResult<Option<Asset>> {
+    row.map(|row| row.into_asset(now)).transpose()
+}
+
+/// What a change of an asset alone wrote: the asset as it became, at `now`.
+fn asset_changed(row: AssetRow, now: Timestamp) -> StoreResult<Changed> {
+    Ok(Changed {
+        now: Some(now),
+        asset: Some(row.into_asset(now)?),
+        ..Changed::default()
+    })
+}
 
 both! {
     /// The reservation with its refunds, by effective status at `now`; with
@@ -91,8 +254,7 @@ both! {
             query = query.filter(reservations::owner.eq(owner));
         }
         let Some(row) = exec!(query.first::<ReservationRow>(conn))
-            .optional()
-            .context("read a reservation")?
+            .found("read a reservation")?
         else {
             return Ok(None);
         };
@@ -103,6 +265,13 @@ both! {
             .load::<RefundRow>(conn))
         .context("read a reservation's refunds")?;
         Ok(with_refunds(vec![row], refund_rows, now)?.pop())
+    }
+
+    /// A reservation read before (so it exists) read again: see
+    /// [`load_reservation`].
+    fn reload(conn, id: &str, now: Timestamp) -> StoreResult<Reservation> {
+        exec!(load_reservation(conn, id, now, None))?
+            .ok_or_else(|| StoreError::Corrupt(format!("reservation {id} vanished")))
     }
 
     /// One page of reservations, newest first, with their refunds.
@@ -180,8 +349,7 @@ both! {
             .find(id)
             .select(RefundRow::as_select())
             .first::<RefundRow>(conn))
-        .optional()
-        .context("read a refund")?
+        .found("read a refund")?
         .map(RefundRow::into_refund)
         .transpose()
     }
@@ -196,8 +364,7 @@ both! {
             .filter(assets::id.eq(id))
             .select((AssetRow::as_select(), reservations::owner.nullable()))
             .first::<(AssetRow, Option<String>)>(conn))
-        .optional()
-        .context("read an asset")?;
+        .found("read an asset")?;
         row.map(|(asset, holder)| asset.into_held_asset(now, holder)).transpose()
     }
 
@@ -264,8 +431,7 @@ both! {
         limit: i64,
     ) -> StoreResult<Option<Vec<Event>>> {
         let exists = exec!(assets::table.find(id).select(assets::id).first::<String>(conn))
-            .optional()
-            .context("find an asset")?
+            .found("find an asset")?
             .is_some();
         if !exists {
             return Ok(None);
@@ -380,20 +546,16 @@ both! {
 
     /// Schedules an event for delivery again; `None` when it does not exist.
     fn redeliver(conn, id: &str) -> StoreResult<Option<Event>> {
-        exec!(diesel::update(events::table.filter(events::id.eq(id)))
-            .set((
-                events::delivered_at.eq(None::<At>),
-                events::dead_at.eq(None::<At>),
-                events::attempts.eq(0),
-                events::next_attempt_at.eq(None::<At>),
-                events::last_error.eq(None::<String>),
-            ))
-            .returning(EventRow::as_returning())
-            .get_result::<EventRow>(conn))
-        .optional()
-        .context("schedule an event again")?
-        .map(EventRow::into_event)
-        .transpose()
+        let update = diesel::update(events::table.filter(events::id.eq(id))).set((
+            events::delivered_at.eq(None::<At>),
+            events::dead_at.eq(None::<At>),
+            events::attempts.eq(0),
+            events::next_attempt_at.eq(None::<At>),
+            events::last_error.eq(None::<String>),
+        ));
+        returned!(conn, update, EventRow, "schedule an event again")?
+            .map(EventRow::into_event)
+            .transpose()
     }
 
     /// Every invariant, one statement each; `events_since` is the start of
@@ -456,7 +618,7 @@ both! {
         available_from: Option<Timestamp>,
         now: Timestamp,
     ) -> StoreResult<Option<Asset>> {
-        exec!(diesel::insert_into(assets::table)
+        let insert = diesel::insert_into(assets::table)
             .values((
                 assets::id.eq(id.as_str()),
                 assets::name.eq(name),
@@ -464,13 +626,8 @@ both! {
                 assets::created_at.eq(At(now)),
                 assets::updated_at.eq(At(now)),
             ))
-            .on_conflict_do_nothing()
-            .returning(AssetRow::as_returning())
-            .get_result::<AssetRow>(conn))
-        .optional()
-        .context("create an asset")?
-        .map(|row| row.into_asset(now))
-        .transpose()
+            .on_conflict_do_nothing();
+        asset_at(returned!(conn, insert, AssetRow, "create an asset")?, now)
     }
 
     /// Sets or clears when an asset's sale opens.
@@ -480,18 +637,9 @@ both! {
         available_from: Option<Timestamp>,
         now: Timestamp,
     ) -> StoreResult<Option<Asset>> {
-        exec!(diesel::update(assets::table.find(id.as_str()))
-            .set((
-                assets::available_from.eq(available_from.map(At)),
-                assets::version.eq(assets::version + 1),
-                assets::updated_at.eq(At(now)),
-            ))
-            .returning(AssetRow::as_returning())
-            .get_result::<AssetRow>(conn))
-        .optional()
-        .context("set when the sale opens")?
-        .map(|row| row.into_asset(now))
-        .transpose()
+        let update = diesel::update(assets::table.find(id.as_str()))
+            .set((assets::available_from.eq(available_from.map(At)), next_version(now)));
+        asset_at(returned!(conn, update, AssetRow, "set when the sale opens")?, now)
     }
 
     /// Ends a hold still live at `now`: the asset SOLD to it (`payment`
@@ -502,52 +650,23 @@ both! {
         payment: Option<PaymentKey<'_>>,
         now: Timestamp,
     ) -> StoreResult<Option<Changed>> {
-        let live = assets::table
-            .filter(assets::id.eq(&reservation.asset_id))
-            .filter(assets::status.eq("HELD"))
-            .filter(assets::current_reservation_id.eq(&reservation.reservation_id))
-            .filter(assets::hold_expires_at.gt(At(now)));
         let (status, current) = match payment {
             Some(_) => ("SOLD", Some(reservation.reservation_id.as_str())),
             None => ("AVAILABLE", None),
         };
-        let Some(sequence) = exec!(diesel::update(live)
-            .set((
-                assets::status.eq(status),
-                assets::hold_expires_at.eq(None::<At>),
-                assets::current_reservation_id.eq(current),
-                assets::version.eq(assets::version + 1),
-                assets::last_event_sequence.eq(assets::last_event_sequence + 1),
-                assets::updated_at.eq(At(now)),
-            ))
-            .returning(assets::last_event_sequence)
-            .get_result::<i64>(conn))
-        .optional()
-        .context("change the asset")?
-        else {
+        let update = diesel::update(held_live(reservation, now)).set(settled(status, current, now));
+        let Some(sequence) = numbered!(conn, update, "change the asset")? else {
             return Ok(None);
         };
-        let held = reservations::table
-            .find(&reservation.reservation_id)
-            .filter(reservations::status.eq("HELD"));
+        let held = || reservation_in(&reservation.reservation_id, "HELD");
         let row = match payment {
-            Some(payment) => {
-                exec!(diesel::update(held)
-                    .set((
-                        reservations::status.eq("COMMITTED"),
-                        reservations::committed_at.eq(At(now)),
-                        reservations::payment_reference.eq(payment.reference),
-                        reservations::payment_scope.eq(payment.scope),
-                    ))
-                    .returning(ReservationRow::as_returning())
-                    .get_result::<ReservationRow>(conn))
-                .context("commit the reservation")?
-            }
-            None => exec!(diesel::update(held)
-                .set((
-                    reservations::status.eq("RELEASED"),
-                    reservations::released_at.eq(At(now)),
-                ))
+            Some(payment) => exec!(diesel::update(held())
+                .set(committed(payment, now))
+                .returning(ReservationRow::as_returning())
+                .get_result::<ReservationRow>(conn))
+            .context("commit the reservation")?,
+            None => exec!(diesel::update(held())
+                .set(released(now))
                 .returning(ReservationRow::as_returning())
                 .get_result::<ReservationRow>(conn))
             .context("release the reservation")?,
@@ -555,12 +674,7 @@ both! {
         if let Some(payment) = payment {
             exec!(record_fate(conn, payment, &reservation.reservation_id, None, now))?;
         }
-        Ok(Some(Changed {
-            now: Some(now),
-            reservation: Some(row.into_reservation()?.effective(now)),
-            sequence: Some(sequence),
-            ..Changed::default()
-        }))
+        reservation_changed(row, sequence, now)
     }
 
     /// Moves a live hold's expiry to `hold_seconds` from `now`, within
@@ -576,41 +690,17 @@ both! {
         if !extension_allowed(reservation.created_at, until, max_total_seconds) {
             return Ok(None);
         }
-        let Some(sequence) = exec!(diesel::update(
-            assets::table
-                .filter(assets::id.eq(&reservation.asset_id))
-                .filter(assets::status.eq("HELD"))
-                .filter(assets::current_reservation_id.eq(&reservation.reservation_id))
-                .filter(assets::hold_expires_at.gt(At(now))),
-        )
-        .set((
-            assets::hold_expires_at.eq(Some(At(until))),
-            assets::version.eq(assets::version + 1),
-            assets::last_event_sequence.eq(assets::last_event_sequence + 1),
-            assets::updated_at.eq(At(now)),
-        ))
-        .returning(assets::last_event_sequence)
-        .get_result::<i64>(conn))
-        .optional()
-        .context("extend the hold")?
-        else {
+        let update = diesel::update(held_live(reservation, now))
+            .set((assets::hold_expires_at.eq(Some(At(until))), next_event(now)));
+        let Some(sequence) = numbered!(conn, update, "extend the hold")? else {
             return Ok(None);
         };
-        let row = exec!(diesel::update(
-            reservations::table
-                .find(&reservation.reservation_id)
-                .filter(reservations::status.eq("HELD")),
-        )
-        .set(reservations::expires_at.eq(At(until)))
-        .returning(ReservationRow::as_returning())
-        .get_result::<ReservationRow>(conn))
+        let row = exec!(diesel::update(reservation_in(&reservation.reservation_id, "HELD"))
+            .set(reservations::expires_at.eq(At(until)))
+            .returning(ReservationRow::as_returning())
+            .get_result::<ReservationRow>(conn))
         .context("extend the reservation")?;
-        Ok(Some(Changed {
-            now: Some(now),
-            reservation: Some(row.into_reservation()?.effective(now)),
-            sequence: Some(sequence),
-            ..Changed::default()
-        }))
+        reservation_changed(row, sequence, now)
     }
 
     /// Undoes a sale: COMMITTED becomes VOIDED, the asset AVAILABLE, and
@@ -621,37 +711,20 @@ both! {
         refund: Option<&Refund>,
         now: Timestamp,
     ) -> StoreResult<Option<Changed>> {
-        let Some(sequence) = exec!(diesel::update(
-            assets::table
-                .filter(assets::id.eq(&reservation.asset_id))
-                .filter(assets::status.eq("SOLD"))
-                .filter(assets::current_reservation_id.eq(&reservation.reservation_id)),
-        )
-        .set((
-            assets::status.eq("AVAILABLE"),
-            assets::current_reservation_id.eq(None::<String>),
-            assets::hold_expires_at.eq(None::<At>),
-            assets::version.eq(assets::version + 1),
-            assets::last_event_sequence.eq(assets::last_event_sequence + 1),
-            assets::updated_at.eq(At(now)),
-        ))
-        .returning(assets::last_event_sequence)
-        .get_result::<i64>(conn))
-        .optional()
-        .context("void the sale")?
-        else {
+        let sold = assets::table
+            .filter(assets::id.eq(&reservation.asset_id))
+            .filter(assets::status.eq("SOLD"))
+            .filter(assets::current_reservation_id.eq(&reservation.reservation_id));
+        let update = diesel::update(sold).set(settled("AVAILABLE", None, now));
+        let Some(sequence) = numbered!(conn, update, "void the sale")? else {
             return Ok(None);
         };
-        let voided = exec!(diesel::update(
-            reservations::table
-                .find(&reservation.reservation_id)
-                .filter(reservations::status.eq("COMMITTED")),
-        )
-        .set((
-            reservations::status.eq("VOIDED"),
-            reservations::voided_at.eq(At(now)),
-        ))
-        .execute(conn))
+        let voided = exec!(diesel::update(reservation_in(&reservation.reservation_id, "COMMITTED"))
+            .set((
+                reservations::status.eq("VOIDED"),
+                reservations::voided_at.eq(At(now)),
+            ))
+            .execute(conn))
         .context("void the reservation")?;
         if voided != 1 {
             return Ok(None);
@@ -681,52 +754,22 @@ both! {
             .filter(reservations::asset_id.eq(&reservation.asset_id))
             .filter(reservations::id.ne(&reservation.reservation_id))
             .filter(reservations::created_at.ge(At(reservation.created_at)));
-        let Some(sequence) = exec!(diesel::update(
-            assets::table
-                .filter(assets::id.eq(&reservation.asset_id))
-                .filter(assets::status.eq("AVAILABLE"))
-                .filter(diesel::dsl::not(diesel::dsl::exists(later))),
-        )
-        .set((
-            assets::status.eq("SOLD"),
-            assets::current_reservation_id.eq(Some(&reservation.reservation_id)),
-            assets::hold_expires_at.eq(None::<At>),
-            assets::version.eq(assets::version + 1),
-            assets::last_event_sequence.eq(assets::last_event_sequence + 1),
-            assets::updated_at.eq(At(now)),
-        ))
-        .returning(assets::last_event_sequence)
-        .get_result::<i64>(conn))
-        .optional()
-        .context("sell to a late payment")?
-        else {
+        let free = assets::table
+            .filter(assets::id.eq(&reservation.asset_id))
+            .filter(assets::status.eq("AVAILABLE"))
+            .filter(diesel::dsl::not(diesel::dsl::exists(later)));
+        let sold = settled("SOLD", Some(&reservation.reservation_id), now);
+        let update = diesel::update(free).set(sold);
+        let Some(sequence) = numbered!(conn, update, "sell to a late payment")? else {
             return Ok(None);
         };
-        let Some(row) = exec!(diesel::update(
-            reservations::table
-                .find(&reservation.reservation_id)
-                .filter(reservations::status.eq("EXPIRED")),
-        )
-        .set((
-            reservations::status.eq("COMMITTED"),
-            reservations::committed_at.eq(At(now)),
-            reservations::payment_reference.eq(payment.reference),
-            reservations::payment_scope.eq(payment.scope),
-        ))
-        .returning(ReservationRow::as_returning())
-        .get_result::<ReservationRow>(conn))
-        .optional()
-        .context("commit the reservation")?
-        else {
+        let expired = reservation_in(&reservation.reservation_id, "EXPIRED");
+        let update = diesel::update(expired).set(committed(payment, now));
+        let Some(row) = returned!(conn, update, ReservationRow, "commit the reservation")? else {
             return Ok(None);
         };
         exec!(record_fate(conn, payment, &reservation.reservation_id, None, now))?;
-        Ok(Some(Changed {
-            now: Some(now),
-            reservation: Some(row.into_reservation()?.effective(now)),
-            sequence: Some(sequence),
-            ..Changed::default()
-        }))
+        reservation_changed(row, sequence, now)
     }
 
     /// Records `refund` as its payment's fate (lapsed holds already
@@ -749,20 +792,14 @@ both! {
 
     /// A REQUESTED refund becomes COMPLETED. `None` when it no longer was.
     fn complete_refund(conn, refund: &Refund, now: Timestamp) -> StoreResult<Option<Changed>> {
-        let row = exec!(diesel::update(
-            refunds::table
-                .find(&refund.refund_id)
-                .filter(refunds::status.eq("REQUESTED")),
-        )
-        .set((
+        let requested = refunds::table
+            .find(&refund.refund_id)
+            .filter(refunds::status.eq("REQUESTED"));
+        let update = diesel::update(requested).set((
             refunds::status.eq("COMPLETED"),
             refunds::completed_at.eq(Some(At(now))),
-        ))
-        .returning(RefundRow::as_returning())
-        .get_result::<RefundRow>(conn))
-        .optional()
-        .context("complete a refund")?;
-        let Some(row) = row else {
+        ));
+        let Some(row) = returned!(conn, update, RefundRow, "complete a refund")? else {
             return Ok(None);
         };
         Ok(Some(Changed {
@@ -783,44 +820,28 @@ both! {
         release: Option<&str>,
         now: Timestamp,
     ) -> StoreResult<Option<Changed>> {
-        let row = exec!(diesel::update(
-            assets::table
-                .find(asset)
-                .filter(assets::version.eq(version)),
-        )
-        .set((
+        let unchanged = assets::table
+            .find(asset)
+            .filter(assets::version.eq(version));
+        let update = diesel::update(unchanged).set((
             assets::status.eq("WITHDRAWN"),
             assets::hold_expires_at.eq(None::<At>),
             assets::current_reservation_id.eq(None::<String>),
-            assets::version.eq(assets::version + 1),
-            assets::updated_at.eq(At(now)),
-        ))
-        .returning(AssetRow::as_returning())
-        .get_result::<AssetRow>(conn))
-        .optional()
-        .context("withdraw the asset")?;
-        let Some(row) = row else {
+            next_version(now),
+        ));
+        let Some(row) = returned!(conn, update, AssetRow, "withdraw the asset")? else {
             return Ok(None);
         };
-        let held = |id| reservations::table.find(id).filter(reservations::status.eq("HELD"));
+        let held = |id| diesel::update(reservation_in(id, "HELD"));
         let ended = match (expire, release) {
-            (Some(id), _) => exec!(diesel::update(held(id))
-                .set(reservations::status.eq("EXPIRED"))
-                .returning(ReservationRow::as_returning())
-                .get_result::<ReservationRow>(conn))
-            .optional()
-            .context("expire the hold")?
-            .map(Some),
-            (None, Some(id)) => exec!(diesel::update(held(id))
-                .set((
-                    reservations::status.eq("RELEASED"),
-                    reservations::released_at.eq(At(now)),
-                ))
-                .returning(ReservationRow::as_returning())
-                .get_result::<ReservationRow>(conn))
-            .optional()
-            .context("release the hold")?
-            .map(Some),
+            (Some(id), _) => {
+                let update = held(id).set(reservations::status.eq("EXPIRED"));
+                returned!(conn, update, ReservationRow, "expire the hold")?.map(Some)
+            }
+            (None, Some(id)) => {
+                let update = held(id).set(released(now));
+                returned!(conn, update, ReservationRow, "release the hold")?.map(Some)
+            }
             (None, None) => Some(None),
         };
         // The hold the decision was made on is gone: the state moved.
@@ -828,37 +849,22 @@ both! {
             return Ok(None);
         };
         Ok(Some(Changed {
-            now: Some(now),
-            asset: Some(row.into_asset(now)?),
             ended: ended.map(ReservationRow::into_reservation).transpose()?,
-            ..Changed::default()
+            ..asset_changed(row, now)?
         }))
     }
 
     /// Puts a WITHDRAWN asset back on sale. `None` when it was not withdrawn.
     fn reinstate(conn, asset: &str, now: Timestamp) -> StoreResult<Option<Changed>> {
-        let row = exec!(diesel::update(
-            assets::table
-                .find(asset)
-                .filter(assets::status.eq("WITHDRAWN")),
-        )
-        .set((
-            assets::status.eq("AVAILABLE"),
-            assets::version.eq(assets::version + 1),
-            assets::updated_at.eq(At(now)),
-        ))
-        .returning(AssetRow::as_returning())
-        .get_result::<AssetRow>(conn))
-        .optional()
-        .context("reinstate the asset")?;
-        let Some(row) = row else {
+        let withdrawn = assets::table
+            .find(asset)
+            .filter(assets::status.eq("WITHDRAWN"));
+        let reinstated = (assets::status.eq("AVAILABLE"), next_version(now));
+        let update = diesel::update(withdrawn).set(reinstated);
+        let Some(row) = returned!(conn, update, AssetRow, "reinstate the asset")? else {
             return Ok(None);
         };
-        Ok(Some(Changed {
-            now: Some(now),
-            asset: Some(row.into_asset(now)?),
-            ..Changed::default()
-        }))
+        asset_changed(row, now).map(Some)
     }
 
     /// Makes `change` with the shared statements at `now`.
