@@ -24,13 +24,6 @@ pub use config::Config;
 use http::{AppState, RouteTable};
 pub use store::Store;
 
-/// Every request makes many small, short-lived allocations (headers, JSON,
-/// metric labels); mimalloc serves them faster than the system allocator.
-/// Whatever links this library (the binary, the benchmark's HTTP ceiling,
-/// the tests) allocates the same way.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
