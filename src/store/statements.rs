@@ -811,7 +811,10 @@ both! {
 
     /// Takes an asset off sale if it is still at `version`, ending its
     /// lapsed hold (EXPIRED) or its live one (RELEASED) with it. The asset
-    /// row is locked first, as every change does. `None` when it moved.
+    /// row is locked first, as every change does. `None` when it moved, or
+    /// when the hold is no longer what the decision saw at `now`: a hold
+    /// found live may have lapsed while the write waited, and a lapsed
+    /// hold is never released.
     fn withdraw(
         conn,
         asset: &str,
@@ -823,13 +826,28 @@ both! {
         let unchanged = assets::table
             .find(asset)
             .filter(assets::version.eq(version));
-        let update = diesel::update(unchanged).set((
-            assets::status.eq("WITHDRAWN"),
-            assets::hold_expires_at.eq(None::<At>),
-            assets::current_reservation_id.eq(None::<String>),
-            next_version(now),
-        ));
-        let Some(row) = returned!(conn, update, AssetRow, "withdraw the asset")? else {
+        let withdrawn = || {
+            (
+                assets::status.eq("WITHDRAWN"),
+                assets::hold_expires_at.eq(None::<At>),
+                assets::current_reservation_id.eq(None::<String>),
+                next_version(now),
+            )
+        };
+        let row = match (expire, release) {
+            (Some(_), _) => {
+                let lapsed = unchanged.filter(assets::hold_expires_at.le(At(now)));
+                returned!(conn, diesel::update(lapsed).set(withdrawn()), AssetRow, "withdraw the asset")
+            }
+            (None, Some(_)) => {
+                let live = unchanged.filter(assets::hold_expires_at.gt(At(now)));
+                returned!(conn, diesel::update(live).set(withdrawn()), AssetRow, "withdraw the asset")
+            }
+            (None, None) => {
+                returned!(conn, diesel::update(unchanged).set(withdrawn()), AssetRow, "withdraw the asset")
+            }
+        };
+        let Some(row) = row? else {
             return Ok(None);
         };
         let held = |id| diesel::update(reservation_in(id, "HELD"));

@@ -315,3 +315,52 @@ async fn sqlite_a_commit_slower_than_the_deadline_is_unknown() {
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
 }
+
+/// A forced withdrawal decided while a hold was live, but written after the
+/// hold lapsed (it waited for SQLite's writer meanwhile), expires the hold
+/// instead of releasing it: no reservation is released after its expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_withdrawal_written_after_the_expiry_expires_the_hold() {
+    let Some(app) = TestApp::try_spawn_with(Backend::Sqlite, |c| {
+        c.db_lock_timeout_ms = 5000;
+        c.db_timeout_ms = 6000;
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("WX-2").await;
+    app.create_asset("WX-1").await;
+    let hold = app.hold("WX-1", "b", 1).await;
+    let id = hold["reservation_id"].as_str().unwrap().to_owned();
+    let blocker = app
+        .hold_lock_open("BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = 'WX-2'")
+        .await;
+    // The withdrawal reads the live hold at once, then waits for the writer
+    // until after the hold's expiry.
+    let free_later = async {
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        blocker.release().await;
+    };
+    let force = json!({"force": true});
+    let (forced, ()) = tokio::join!(
+        app.post("/v1/assets/WX-1/withdraw", None, &force),
+        free_later
+    );
+    assert_eq!(forced.status(), 200);
+    let forced: Value = forced.json().await.unwrap();
+    assert_eq!(forced["status"], "WITHDRAWN", "{forced}");
+    let ended = app.get_json(&format!("/v1/reservations/{id}")).await;
+    assert_eq!(ended["status"], "EXPIRED", "{ended}");
+    assert_eq!(ended["released_at"], Value::Null, "{ended}");
+    let types: Vec<Value> = app.get_json("/v1/assets/WX-1/events").await["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].clone())
+        .collect();
+    assert_eq!(
+        types,
+        ["reservation.held", "reservation.expired", "asset.withdrawn"]
+    );
+}
