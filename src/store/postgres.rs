@@ -56,9 +56,13 @@ type Conn = Object<AsyncPgConnection>;
 /// prepared on each connection (diesel never caches `sql_query` by itself:
 /// it cannot know the text is fixed). Used for the statements on hot paths.
 ///
-/// Connections plan each execution with its own parameters
-/// (`plan_cache_mode = force_custom_plan`): a generic plan made while a table
-/// was small would otherwise outlive the table's growth.
+/// PostgreSQL chooses, per statement, between planning each execution and
+/// a generic plan kept with the statement (`plan_cache_mode = auto`): the
+/// hot statements are index lookups whose generic plan costs what a
+/// custom one does, so after five executions they skip planning, which was
+/// most of their cost. A generic plan is made again whenever ANALYZE
+/// updates the statistics of a table it reads, so it follows the tables'
+/// growth.
 struct Prepared<Q>(Q);
 
 impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for Prepared<Q> {
@@ -126,7 +130,7 @@ impl Sessions {
                     conn.batch_execute(&format!(
                         "SET statement_timeout = {statement_ms}; SET lock_timeout = {lock_ms}; \
                          SET idle_in_transaction_session_timeout = {idle_ms}; \
-                         SET TIME ZONE 'UTC'; SET plan_cache_mode = force_custom_plan"
+                         SET TIME ZONE 'UTC'"
                     ))
                     .await
                     .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
