@@ -7,6 +7,7 @@
 //! ([`super::statements::lite`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{SubsecRound, Utc};
@@ -17,6 +18,7 @@ use diesel::sql_query;
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use tokio::sync::Semaphore;
 
 use super::error::{Abort, Context};
 use super::flow::{
@@ -67,9 +69,9 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for Pragmas {
 
 #[derive(Clone)]
 pub struct SqliteStore {
-    readers: Pool<ConnectionManager<SqliteConnection>>,
+    readers: Lane,
     /// One connection: writers queue here instead of spinning on SQLite's lock.
-    writer: Pool<ConnectionManager<SqliteConnection>>,
+    writer: Lane,
     path: PathBuf,
     settings: StoreSettings,
 }
@@ -83,7 +85,7 @@ impl SqliteStore {
                 .map_err(|e| StoreError::Config(format!("cannot create {}: {e}", dir.display())))?;
         }
         let pool = |size: usize| {
-            Pool::builder()
+            let pool = Pool::builder()
                 .max_size(u32::try_from(size).unwrap_or(u32::MAX))
                 .min_idle(Some(1))
                 .connection_timeout(settings.acquire_timeout)
@@ -94,7 +96,12 @@ impl SqliteStore {
                 .build(ConnectionManager::<SqliteConnection>::new(
                     path.display().to_string(),
                 ))
-                .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", path.display())))
+                .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", path.display())))?;
+            Ok::<_, StoreError>(Lane {
+                pool,
+                permits: Arc::new(Semaphore::new(size)),
+                wait: settings.acquire_timeout,
+            })
         };
         // The writer opens first, so WAL is on before readers arrive.
         let writer = pool(1)?;
@@ -122,7 +129,7 @@ impl SqliteStore {
             #[diesel(sql_type = BigInt)]
             synchronous: i64,
         }
-        run(self.writer.clone(), "read a setting", |c| {
+        run(&self.writer, "read a setting", |c| {
             sql_query("PRAGMA synchronous")
                 .get_result::<Synchronous>(c)
                 .map(|s| s.synchronous)
@@ -141,7 +148,7 @@ impl SqliteStore {
 
     /// Readers and the writer together; r2d2 does not count its waiters.
     pub fn pool_status(&self) -> PoolStatus {
-        let (readers, writer) = (self.readers.state(), self.writer.state());
+        let (readers, writer) = (self.readers.pool.state(), self.writer.pool.state());
         let size = (readers.connections + writer.connections) as usize;
         let idle = (readers.idle_connections + writer.idle_connections) as usize;
         PoolStatus {
@@ -156,7 +163,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut SqliteConnection) -> StoreResult<T> + Send + 'static,
     {
-        run(self.readers.clone(), context, work).await
+        run(&self.readers, context, work).await
     }
 
     /// Runs `work` in a `BEGIN IMMEDIATE` transaction on the writer. The
@@ -168,7 +175,7 @@ impl SqliteStore {
         F: FnOnce(&mut SqliteConnection) -> Result<T, Abort> + Send + 'static,
     {
         let gate = super::outcome::current();
-        run(self.writer.clone(), context, move |conn| {
+        run(&self.writer, context, move |conn| {
             let mut opened = false;
             let result = conn.immediate_transaction(|c| {
                 let value = work(c)?;
@@ -200,7 +207,7 @@ impl SqliteStore {
     }
 
     pub async fn migrate(&self) -> StoreResult<()> {
-        run(self.writer.clone(), "migrate", |conn| {
+        run(&self.writer, "migrate", |conn| {
             conn.run_pending_migrations(MIGRATIONS)
                 .map(|_| ())
                 .map_err(|e| StoreError::Migration(e.to_string()))
@@ -326,16 +333,34 @@ fn abort_to_error(abort: Abort) -> StoreError {
     abort.into_error()
 }
 
-async fn run<T, F>(
+/// A pool, and as many permits as it has connections. A call waits for a
+/// permit before it takes a blocking thread, so that no more threads wait
+/// for the pool than it has connections: under load, the queue is of tasks,
+/// not of threads, each with its stack and its allocator's arena.
+#[derive(Clone)]
+struct Lane {
     pool: Pool<ConnectionManager<SqliteConnection>>,
-    context: &'static str,
-    work: F,
-) -> StoreResult<T>
+    permits: Arc<Semaphore>,
+    /// How long a call waits for a connection, permit and pool together.
+    wait: Duration,
+}
+
+async fn run<T, F>(lane: &Lane, context: &'static str, work: F) -> StoreResult<T>
 where
     T: Send + 'static,
     F: FnOnce(&mut SqliteConnection) -> StoreResult<T> + Send + 'static,
 {
+    let permit = match tokio::time::timeout(lane.wait, lane.permits.clone().acquire_owned()).await {
+        Ok(Ok(permit)) => permit,
+        Ok(Err(closed)) => return Err(StoreError::unavailable(context, closed)),
+        Err(_) => {
+            let waited = format!("no connection came free within {:?}", lane.wait);
+            return Err(StoreError::unavailable(context, waited));
+        }
+    };
+    let pool = lane.pool.clone();
     tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         let mut conn: Conn = pool
             .get()
             .map_err(|e| StoreError::unavailable(context, e))?;
