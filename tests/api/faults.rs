@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::helpers::{fault_library, new_key, unique, Backend, TestApp};
+use crate::helpers::{fault_library, new_key, unique, Backend, Blocker, TestApp};
 use crate::proxy::{Mode, Proxy};
 
 async fn unavailable(response: reqwest::Response) -> Value {
@@ -23,6 +23,25 @@ async fn held(app: &TestApp, asset: &str) -> String {
         .as_str()
         .unwrap()
         .to_owned()
+}
+
+/// An SQLite-backed app whose writes wait up to `lock_ms` for SQLite's lock
+/// and whose requests' database work may take `timeout_ms`.
+async fn sqlite_app(lock_ms: u64, timeout_ms: u64) -> Option<TestApp> {
+    TestApp::try_spawn_with(Backend::Sqlite, |c| {
+        c.db_lock_timeout_ms = lock_ms;
+        c.db_timeout_ms = timeout_ms;
+    })
+    .await
+}
+
+/// SQLite's write lock, taken by another connection (on `asset`'s row) and
+/// kept until the blocker is released.
+async fn hold_the_writer(app: &TestApp, asset: &str) -> Blocker {
+    app.hold_lock_open(&format!(
+        "BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = '{asset}'"
+    ))
+    .await
 }
 
 /// PostgreSQL cut off or stalled: nothing written, and the retry with the
@@ -244,18 +263,11 @@ async fn a_hold_is_answered_only_after_its_commit() {
 /// its gate closed and commits nothing, so the retry runs for the first time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_checks_the_deadline_before_committing() {
-    let Some(app) = TestApp::try_spawn_with(Backend::Sqlite, |c| {
-        c.db_lock_timeout_ms = 5000;
-        c.db_timeout_ms = 400;
-    })
-    .await
-    else {
+    let Some(app) = sqlite_app(5000, 400).await else {
         return;
     };
     app.create_asset("WO-S1").await;
-    let blocker = app
-        .hold_lock_open("BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = 'WO-S1'")
-        .await;
+    let blocker = hold_the_writer(&app, "WO-S1").await;
     let key = new_key();
     let hold = json!({"buyer_id": "b"});
     let path = "/v1/assets/WO-S1/reservations";
@@ -321,21 +333,14 @@ async fn sqlite_a_commit_slower_than_the_deadline_is_unknown() {
 /// instead of releasing it: no reservation is released after its expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_a_withdrawal_written_after_the_expiry_expires_the_hold() {
-    let Some(app) = TestApp::try_spawn_with(Backend::Sqlite, |c| {
-        c.db_lock_timeout_ms = 5000;
-        c.db_timeout_ms = 6000;
-    })
-    .await
-    else {
+    let Some(app) = sqlite_app(5000, 6000).await else {
         return;
     };
     app.create_asset("WX-2").await;
     app.create_asset("WX-1").await;
     let hold = app.hold("WX-1", "b", 1).await;
     let id = hold["reservation_id"].as_str().unwrap().to_owned();
-    let blocker = app
-        .hold_lock_open("BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = 'WX-2'")
-        .await;
+    let blocker = hold_the_writer(&app, "WX-2").await;
     // The withdrawal reads the live hold at once, then waits for the writer
     // until after the hold's expiry.
     let free_later = async {
@@ -363,4 +368,52 @@ async fn sqlite_a_withdrawal_written_after_the_expiry_expires_the_hold() {
         types,
         ["reservation.held", "reservation.expired", "asset.withdrawn"]
     );
+}
+
+/// SQLite has one writer connection: a write that cannot get it within the
+/// acquire timeout (another request has it and waits for the lock) answers
+/// 503 NOT_APPLIED without having started, and its retry with the same key
+/// runs for the first time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_write_that_never_got_the_writer_is_not_applied() {
+    let Some(app) = TestApp::try_spawn_with(Backend::Sqlite, |c| {
+        c.db_lock_timeout_ms = 5000;
+        c.db_timeout_ms = 6000;
+        c.db_acquire_timeout_ms = 300;
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("WP-1").await;
+    app.create_asset("WP-2").await;
+    let blocker = hold_the_writer(&app, "WP-1").await;
+    let (first, second) = (json!({"buyer_id": "b1"}), json!({"buyer_id": "b2"}));
+    let (first_key, second_key) = (new_key(), new_key());
+    let path = "/v1/assets/WP-2/reservations";
+    let waits_for_the_writer = async {
+        // The first hold has the writer connection by then.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        app.post(path, Some(&second_key), &second).await
+    };
+    let free_later = async {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        blocker.release().await;
+    };
+    let (held, refused, ()) = tokio::join!(
+        app.post("/v1/assets/WP-1/reservations", Some(&first_key), &first),
+        waits_for_the_writer,
+        free_later
+    );
+    assert_eq!(held.status(), 201, "the first hold waited for the lock");
+    let body = unavailable(refused).await;
+    assert_eq!(body["write_outcome"], "NOT_APPLIED", "{body}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM reservations WHERE asset_id = 'WP-2'")
+            .await,
+        0
+    );
+    let retry = app.post(path, Some(&second_key), &second).await;
+    assert_eq!(retry.status(), 201, "runs for the first time");
+    assert!(retry.headers().get("idempotent-replayed").is_none());
 }
