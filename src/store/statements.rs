@@ -834,18 +834,14 @@ both! {
                 next_version(now),
             )
         };
-        let row = match (expire, release) {
-            (Some(_), _) => {
-                let lapsed = unchanged.filter(assets::hold_expires_at.le(At(now)));
-                returned!(conn, diesel::update(lapsed).set(withdrawn()), AssetRow, "withdraw the asset")
-            }
-            (None, Some(_)) => {
-                let live = unchanged.filter(assets::hold_expires_at.gt(At(now)));
-                returned!(conn, diesel::update(live).set(withdrawn()), AssetRow, "withdraw the asset")
-            }
-            (None, None) => {
-                returned!(conn, diesel::update(unchanged).set(withdrawn()), AssetRow, "withdraw the asset")
-            }
+        let row = if expire.is_none() && release.is_none() {
+            let update = diesel::update(unchanged).set(withdrawn());
+            returned!(conn, update, AssetRow, "withdraw the asset")
+        } else {
+            // Live for a release, lapsed for an expiry.
+            let live = assets::hold_expires_at.gt(At(now)).eq(Some(expire.is_none()));
+            let update = diesel::update(unchanged.filter(live)).set(withdrawn());
+            returned!(conn, update, AssetRow, "withdraw the asset")
         };
         let Some(row) = row? else {
             return Ok(None);
