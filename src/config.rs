@@ -26,48 +26,23 @@ pub struct Config {
     pub database_url: String,
 
     /// Address to listen on.
-    #[arg(
-        long,
-        env = "HOLDFAST_BIND",
-        default_value = "127.0.0.1:8080",
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_BIND", default_value = "127.0.0.1:8080", global = true)]
     pub bind: SocketAddr,
 
     /// Default hold length in seconds.
-    #[arg(
-        long,
-        env = "HOLDFAST_HOLD_SECONDS",
-        default_value_t = 600,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_HOLD_SECONDS", default_value_t = 600, global = true)]
     pub hold_seconds: i64,
 
     /// Smallest `hold_seconds` a request may ask for.
-    #[arg(
-        long,
-        env = "HOLDFAST_HOLD_SECONDS_MIN",
-        default_value_t = 30,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_HOLD_SECONDS_MIN", default_value_t = 30, global = true)]
     pub hold_seconds_min: i64,
 
     /// Largest `hold_seconds` a request may ask for.
-    #[arg(
-        long,
-        env = "HOLDFAST_HOLD_SECONDS_MAX",
-        default_value_t = 3600,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_HOLD_SECONDS_MAX", default_value_t = 3600, global = true)]
     pub hold_seconds_max: i64,
 
     /// Longest a hold may live from its creation, extensions included.
-    #[arg(
-        long,
-        env = "HOLDFAST_HOLD_MAX_TOTAL_SECONDS",
-        default_value_t = 7200,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_HOLD_MAX_TOTAL_SECONDS", default_value_t = 7200, global = true)]
     pub hold_max_total_seconds: i64,
 
     /// A commit after its hold lapsed: `refund` (always) or `accept-if-free`
@@ -82,30 +57,15 @@ pub struct Config {
     pub late_commit: LateCommit,
 
     /// Seconds between janitor passes; 0 turns the janitor off.
-    #[arg(
-        long,
-        env = "HOLDFAST_JANITOR_INTERVAL_SECONDS",
-        default_value_t = 30,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_JANITOR_INTERVAL_SECONDS", default_value_t = 30, global = true)]
     pub janitor_interval_seconds: u64,
 
     /// Lapsed holds expired per janitor transaction.
-    #[arg(
-        long,
-        env = "HOLDFAST_JANITOR_BATCH",
-        default_value_t = 500,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_JANITOR_BATCH", default_value_t = 500, global = true)]
     pub janitor_batch: i64,
 
     /// How long stored answers to idempotent requests are kept.
-    #[arg(
-        long,
-        env = "HOLDFAST_IDEMPOTENCY_RETENTION_HOURS",
-        default_value_t = 24,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_IDEMPOTENCY_RETENTION_HOURS", default_value_t = 24, global = true)]
     pub idempotency_retention_hours: u64,
 
     /// Delivered events older than this many days are purged by the janitor;
@@ -118,57 +78,27 @@ pub struct Config {
     pub webhook_url: Option<String>,
 
     /// Key of the webhook signature (HMAC-SHA256); required with HOLDFAST_WEBHOOK_URL.
-    #[arg(
-        long,
-        env = "HOLDFAST_WEBHOOK_SECRET",
-        hide_env_values = true,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_WEBHOOK_SECRET", hide_env_values = true, global = true)]
     pub webhook_secret: Option<Secret>,
 
     /// Longest wait for the receiver's answer, in milliseconds.
-    #[arg(
-        long,
-        env = "HOLDFAST_WEBHOOK_TIMEOUT_MS",
-        default_value_t = 5000,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_WEBHOOK_TIMEOUT_MS", default_value_t = 5000, global = true)]
     pub webhook_timeout_ms: u64,
 
     /// Delivery attempts before an event is parked as dead.
-    #[arg(
-        long,
-        env = "HOLDFAST_WEBHOOK_MAX_ATTEMPTS",
-        default_value_t = 15,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_WEBHOOK_MAX_ATTEMPTS", default_value_t = 15, global = true)]
     pub webhook_max_attempts: i32,
 
     /// First retry delay in milliseconds; doubles per attempt, with jitter.
-    #[arg(
-        long,
-        env = "HOLDFAST_WEBHOOK_RETRY_BASE_MS",
-        default_value_t = 2000,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_WEBHOOK_RETRY_BASE_MS", default_value_t = 2000, global = true)]
     pub webhook_retry_base_ms: u64,
 
     /// Longest delay between two attempts, in seconds.
-    #[arg(
-        long,
-        env = "HOLDFAST_WEBHOOK_RETRY_MAX_SECONDS",
-        default_value_t = 3600,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_WEBHOOK_RETRY_MAX_SECONDS", default_value_t = 3600, global = true)]
     pub webhook_retry_max_seconds: u64,
 
     /// How often the dispatcher looks for due events, in milliseconds.
-    #[arg(
-        long,
-        env = "HOLDFAST_DISPATCH_INTERVAL_MS",
-        default_value_t = 500,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_DISPATCH_INTERVAL_MS", default_value_t = 500, global = true)]
     pub dispatch_interval_ms: u64,
 
     /// API keys, `name:role:sha256-hex-of-token`, comma separated (see
@@ -185,12 +115,7 @@ pub struct Config {
     pub cors_origins: Option<String>,
 
     /// Most live holds one buyer of one client may have at once; 0: no limit.
-    #[arg(
-        long,
-        env = "HOLDFAST_MAX_HOLDS_PER_BUYER",
-        default_value_t = 5,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_MAX_HOLDS_PER_BUYER", default_value_t = 5, global = true)]
     pub max_holds_per_buyer: u32,
 
     /// Requests per second allowed per client (API key, or address in open
@@ -237,58 +162,28 @@ pub struct Config {
     pub migration_database_url: Option<String>,
 
     /// Database connections in the pool.
-    #[arg(
-        long,
-        env = "HOLDFAST_DB_POOL_SIZE",
-        default_value_t = 16,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_DB_POOL_SIZE", default_value_t = 16, global = true)]
     pub db_pool_size: usize,
 
     /// Longest wait for a pooled connection before answering 503, in milliseconds.
-    #[arg(
-        long,
-        env = "HOLDFAST_DB_ACQUIRE_TIMEOUT_MS",
-        default_value_t = 2000,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_DB_ACQUIRE_TIMEOUT_MS", default_value_t = 2000, global = true)]
     pub db_acquire_timeout_ms: u64,
 
     /// Longest a statement may run before it is cancelled (503), in milliseconds.
-    #[arg(
-        long,
-        env = "HOLDFAST_DB_STATEMENT_TIMEOUT_MS",
-        default_value_t = 2500,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_DB_STATEMENT_TIMEOUT_MS", default_value_t = 2500, global = true)]
     pub db_statement_timeout_ms: u64,
 
     /// Longest a statement may wait for a row lock (503), in milliseconds.
-    #[arg(
-        long,
-        env = "HOLDFAST_DB_LOCK_TIMEOUT_MS",
-        default_value_t = 1000,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_DB_LOCK_TIMEOUT_MS", default_value_t = 1000, global = true)]
     pub db_lock_timeout_ms: u64,
 
     /// Longest a request's database work may take end to end, even when the
     /// network stalls (503 past it), in milliseconds.
-    #[arg(
-        long,
-        env = "HOLDFAST_DB_TIMEOUT_MS",
-        default_value_t = 3000,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_DB_TIMEOUT_MS", default_value_t = 3000, global = true)]
     pub db_timeout_ms: u64,
 
     /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.
-    #[arg(
-        long,
-        env = "HOLDFAST_SHUTDOWN_GRACE_SECONDS",
-        default_value_t = 30,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_SHUTDOWN_GRACE_SECONDS", default_value_t = 30, global = true)]
     pub shutdown_grace_seconds: u64,
 
     /// HTTP worker threads; 0 means one per CPU core.
