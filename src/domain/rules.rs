@@ -297,23 +297,15 @@ mod tests {
             refund_id: Some("rf_1".into()),
         };
         // A payment without a fate, by status.
-        assert_eq!(commit_decision("a", Held, None), Commit);
-        assert_eq!(
-            commit_decision("a", Expired, None),
-            Refuse(RefundReason::HoldExpired)
-        );
-        assert_eq!(
-            commit_decision("a", Released, None),
-            Refuse(RefundReason::ReservationReleased)
-        );
-        assert_eq!(
-            commit_decision("a", Committed, None),
-            Refuse(RefundReason::AlreadyCommitted)
-        );
-        assert_eq!(
-            commit_decision("a", Voided, None),
-            Refuse(RefundReason::SaleVoided)
-        );
+        for (status, decision) in [
+            (Held, Commit),
+            (Expired, Refuse(RefundReason::HoldExpired)),
+            (Released, Refuse(RefundReason::ReservationReleased)),
+            (Committed, Refuse(RefundReason::AlreadyCommitted)),
+            (Voided, Refuse(RefundReason::SaleVoided)),
+        ] {
+            assert_eq!(commit_decision("a", status, None), decision, "{status:?}");
+        }
         // Its own fate through this reservation.
         assert_eq!(
             commit_decision("a", Committed, Some(&bought("a"))),
@@ -321,39 +313,33 @@ mod tests {
         );
         assert_eq!(commit_decision("a", Voided, Some(&bought("a"))), SaleVoided);
         for status in ReservationStatus::ALL {
-            assert_eq!(
-                commit_decision("a", *status, Some(&refunded("a"))),
-                RefundedBefore
-            );
-            // A fate through another reservation, whatever this one's state.
-            assert_eq!(
-                commit_decision("a", *status, Some(&bought("b"))),
-                UsedElsewhere
-            );
-            assert_eq!(
-                commit_decision("a", *status, Some(&refunded("b"))),
-                UsedElsewhere
-            );
+            // A refunded payment, and a fate through another reservation,
+            // whatever this one's state.
+            for (fate, decision) in [
+                (refunded("a"), RefundedBefore),
+                (bought("b"), UsedElsewhere),
+                (refunded("b"), UsedElsewhere),
+            ] {
+                assert_eq!(
+                    commit_decision("a", *status, Some(&fate)),
+                    decision,
+                    "{status:?}"
+                );
+            }
         }
     }
 
     #[test]
     fn release_table() {
-        assert_eq!(
-            release_decision(ReservationStatus::Held),
-            ReleaseDecision::Release
-        );
-        assert_eq!(
-            release_decision(ReservationStatus::Released),
-            ReleaseDecision::AlreadyReleased
-        );
-        assert_eq!(
-            release_decision(ReservationStatus::Committed),
-            ReleaseDecision::NotActive
-        );
-        assert_eq!(
-            release_decision(ReservationStatus::Expired),
-            ReleaseDecision::NotActive
-        );
+        use ReleaseDecision::*;
+        use ReservationStatus::*;
+        for (status, decision) in [
+            (Held, Release),
+            (Released, AlreadyReleased),
+            (Committed, NotActive),
+            (Expired, NotActive),
+        ] {
+            assert_eq!(release_decision(status), decision, "{status:?}");
+        }
     }
 }

@@ -170,19 +170,6 @@ pub enum VoidOutcome {
     NotActive(Reservation),
 }
 
-/// Filter and position of one page of reservations, newest first.
-#[derive(Debug, Clone)]
-pub struct ReservationPage {
-    pub buyer_id: Option<String>,
-    pub asset_id: Option<String>,
-    pub status: Option<ReservationStatus>,
-    /// Only this client's reservations; `None` for all.
-    pub owner: Option<String>,
-    /// Only reservations whose id sorts before this one.
-    pub before: Option<String>,
-    pub limit: i64,
-}
-
 #[derive(Debug)]
 pub enum CommitOutcome {
     Committed(Reply),
@@ -236,14 +223,6 @@ pub enum CompleteRefundOutcome {
     Completed(Reply),
     /// Completed before: 200, nothing changed.
     AlreadyCompleted(Refund),
-}
-
-/// Filter and position of one page of refunds, in id (creation) order.
-#[derive(Debug, Clone)]
-pub struct RefundPage {
-    pub status: Option<RefundStatus>,
-    pub after: Option<String>,
-    pub limit: i64,
 }
 
 /// A place in the global event feed. On PostgreSQL, the writing
@@ -309,6 +288,27 @@ pub enum ReinstateOutcome {
 pub struct AssetPage {
     pub status: Option<AssetStatus>,
     /// Only assets whose id sorts after this one.
+    pub after: Option<String>,
+    pub limit: i64,
+}
+
+/// Filter and position of one page of reservations, newest first.
+#[derive(Debug, Clone)]
+pub struct ReservationPage {
+    pub buyer_id: Option<String>,
+    pub asset_id: Option<String>,
+    pub status: Option<ReservationStatus>,
+    /// Only this client's reservations; `None` for all.
+    pub owner: Option<String>,
+    /// Only reservations whose id sorts before this one.
+    pub before: Option<String>,
+    pub limit: i64,
+}
+
+/// Filter and position of one page of refunds, in id (creation) order.
+#[derive(Debug, Clone)]
+pub struct RefundPage {
+    pub status: Option<RefundStatus>,
     pub after: Option<String>,
     pub limit: i64,
 }

@@ -227,18 +227,17 @@ mod tests {
     fn a_refused_commit_leaves_nothing_written() {
         let gate = Gate::new();
         assert!(gate.open_commit());
-        let refusal = DieselError::DatabaseError(
+        let failed =
+            |kind, message: &str| DieselError::DatabaseError(kind, Box::new(message.to_owned()));
+        let refusal = failed(
             DatabaseErrorKind::Unknown,
-            Box::new("canceling statement due to lock timeout".to_owned()),
+            "canceling statement due to lock timeout",
         );
         gate.close_commit(Err(&refusal), WriteOutcome::NotApplied);
         assert_eq!(gate.outcome(), WriteOutcome::NotApplied);
         // A lost connection during the COMMIT leaves it unknown.
         assert!(gate.open_commit());
-        let lost = DieselError::DatabaseError(
-            DatabaseErrorKind::ClosedConnection,
-            Box::new("connection closed".to_owned()),
-        );
+        let lost = failed(DatabaseErrorKind::ClosedConnection, "connection closed");
         gate.close_commit(Err(&lost), WriteOutcome::NotApplied);
         assert_eq!(gate.outcome(), WriteOutcome::Unknown);
         // Once something committed, the call has written.
