@@ -146,7 +146,11 @@ impl CommitWatch {
                 let mut first = FirstWord::default();
                 // Stops formatting after the first word (an Err ends `write!`).
                 let _ = std::fmt::Write::write_fmt(&mut first, format_args!("{query}"));
-                if writes(&first.0) {
+                if first.0.eq_ignore_ascii_case("BEGIN") {
+                    // A transaction opened by its statement, with what follows
+                    // sent behind it (see `Sessions::transaction_pipelined`).
+                    self.in_transaction = true;
+                } else if writes(&first.0) {
                     self.open();
                 }
             }

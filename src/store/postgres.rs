@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use diesel::connection::CacheSize;
+use diesel::connection::{CacheSize, TransactionDepthChange, TransactionManagerStatus};
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
@@ -24,6 +24,7 @@ use diesel_async::{
     TransactionManager,
 };
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use futures_util::future::join;
 use futures_util::FutureExt;
 
 use super::coalesce::Coalescer;
@@ -229,28 +230,77 @@ impl Sessions {
     where
         E: From<StoreError>,
     {
-        type Manager = AnsiTransactionManager;
-        Manager::begin_transaction_sql(conn, &self.begin)
+        AnsiTransactionManager::begin_transaction_sql(conn, &self.begin)
             .await
             .context("begin a transaction")?;
-        match work(conn).await {
-            Ok(value) => {
-                <Manager as TransactionManager<_>>::commit_transaction(conn)
-                    .await
-                    .context("commit a transaction")?;
-                Ok(value)
+        let result = work(conn).await;
+        settle(conn, result).await
+    }
+
+    /// Like [`Self::transaction`], with the first statements of `work` sent
+    /// behind the `BEGIN` in the same round trip (pipelined), so that the
+    /// server reads them in that order without waiting for the client. Only
+    /// the statements themselves are pipelined, never the COMMIT: a
+    /// statement not yet prepared on the connection waits for its preparation
+    /// before it is sent, and a COMMIT sent meanwhile would overtake it.
+    ///
+    /// The connection counts as in a transaction before anything is sent:
+    /// if the call is dropped midway, the pool finds it so and discards it.
+    pub(crate) async fn transaction_pipelined<T, E>(
+        &self,
+        work: impl AsyncFnOnce(&AsyncPgConnection) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let mut pooled = self.conn().await?;
+        let conn: &mut AsyncPgConnection = &mut pooled;
+        match AnsiTransactionManager::transaction_manager_status_mut(conn) {
+            TransactionManagerStatus::Valid(status) if status.transaction_depth().is_none() => {
+                status
+                    .change_transaction_depth(TransactionDepthChange::IncreaseDepth)
+                    .context("begin a transaction")?;
             }
-            Err(error) => {
-                match <Manager as TransactionManager<_>>::rollback_transaction(conn).await {
-                    // The error that made it roll back says more than a broken
-                    // connection's rollback.
-                    Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(error),
-                    Err(rollback) => {
-                        Err(StoreError::from_diesel("roll back a transaction", rollback)
-                            .with_outcome(WriteOutcome::NotApplied)
-                            .into())
-                    }
-                }
+            _ => {
+                return Err(StoreError::Corrupt(
+                    "a pooled connection was handed out inside a transaction".into(),
+                )
+                .into())
+            }
+        }
+        let shared: &AsyncPgConnection = conn;
+        let mut opener = shared;
+        let (begun, result) = join(opener.batch_execute(&self.begin), work(shared)).await;
+        let result = match begun.context("begin a transaction") {
+            Ok(()) => result,
+            Err(error) => Err(error.into()),
+        };
+        settle(conn, result).await
+    }
+}
+
+/// Ends the transaction `result` came from: committed when it succeeded,
+/// rolled back when it failed.
+async fn settle<T, E>(conn: &mut AsyncPgConnection, result: Result<T, E>) -> Result<T, E>
+where
+    E: From<StoreError>,
+{
+    type Manager = AnsiTransactionManager;
+    match result {
+        Ok(value) => {
+            <Manager as TransactionManager<_>>::commit_transaction(conn)
+                .await
+                .context("commit a transaction")?;
+            Ok(value)
+        }
+        Err(error) => {
+            match <Manager as TransactionManager<_>>::rollback_transaction(conn).await {
+                // The error that made it roll back says more than a broken
+                // connection's rollback.
+                Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(error),
+                Err(rollback) => Err(StoreError::from_diesel("roll back a transaction", rollback)
+                    .with_outcome(WriteOutcome::NotApplied)
+                    .into()),
             }
         }
     }
@@ -575,7 +625,26 @@ impl Backend for PgStore {
             // The fast path: one statement, its own transaction.
             return self.db.run(async |c| claim_available(c, draft).await).await;
         }
-        let now = draft.reservation.created_at;
+        let r = &draft.reservation;
+        if !reclaim {
+            // The buyer's lock, then the claim, sent with the BEGIN in one
+            // round trip: the server runs them in order, so the claim's count
+            // of live holds reads after the lock. A failed lock fails the
+            // claim too (the transaction is aborted) and is the error told.
+            return self
+                .db
+                .transaction_pipelined(async |c| {
+                    let (mut locker, mut claimer) = (c, c);
+                    let (locked, claimed) = join(
+                        lock_buyer(&mut locker, &r.owner, &r.buyer_id),
+                        claim_available(&mut claimer, draft),
+                    )
+                    .await;
+                    locked.and(claimed)
+                })
+                .await;
+        }
+        let now = r.created_at;
         // Whatever the claim finds, what ran before it (the buyer's lock, the
         // expiry of a lapsed hold) may commit: the claim itself wrote nothing.
         self.db
@@ -860,7 +929,10 @@ INSERT INTO buyer_locks (owner, buyer_id) VALUES ($1, $2)
 
 /// Locks the (owner, buyer) row until the end of the transaction, so that
 /// one buyer's holds are counted one at a time while others run in parallel.
-async fn lock_buyer(conn: &mut AsyncPgConnection, owner: &str, buyer: &str) -> StoreResult<()> {
+async fn lock_buyer<C>(conn: &mut C, owner: &str, buyer: &str) -> StoreResult<()>
+where
+    C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
+{
     Prepared(
         sql_query(LOCK_BUYER_SQL)
             .bind::<Text, _>(owner)
@@ -880,10 +952,10 @@ async fn lock_buyer(conn: &mut AsyncPgConnection, owner: &str, buyer: &str) -> S
 /// Sent on its own, the statement commits after its row has been sent: its
 /// answer is read to the end (`load`, not `get_result`, which stops at the
 /// first row), so that the hold is acknowledged only once it committed.
-async fn claim_available(
-    conn: &mut AsyncPgConnection,
-    draft: &HoldDraft<'_>,
-) -> StoreResult<Claim> {
+async fn claim_available<C>(conn: &mut C, draft: &HoldDraft<'_>) -> StoreResult<Claim>
+where
+    C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
+{
     let r = &draft.reservation;
     let idem = &draft.request.idempotency;
     let rows = Prepared(

@@ -4,7 +4,7 @@ use futures_util::future::join_all;
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::TestApp;
+use crate::helpers::{Backend, TestApp};
 
 async fn a_hundred_buyers_on_one_asset_make_one_winner(app: TestApp) {
     app.create_asset("HOT-1").await;
@@ -359,6 +359,69 @@ async fn an_extension_races_a_release(app: TestApp) {
         }
     }
     assert!(crate::audit::audit(&app).0);
+}
+
+/// The per-buyer limit counts live holds after taking the buyer's lock: two
+/// holds of a buyer one below the limit, both waiting for that lock, make
+/// one hold and one refusal, whichever gets the lock first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_the_buyer_limit_counts_after_the_buyers_lock() {
+    let Some(app) = TestApp::try_spawn(Backend::Postgres).await else {
+        return;
+    };
+    for i in 0..6 {
+        app.create_asset(&format!("LIM-{i}")).await;
+    }
+    for i in 0..4 {
+        app.hold(&format!("LIM-{i}"), "racer", 300).await;
+    }
+    // Another writer holds the buyer's lock row.
+    let blocker = app
+        .hold_lock_open(
+            "BEGIN; INSERT INTO buyer_locks (owner, buyer_id) \
+             SELECT owner, buyer_id FROM reservations WHERE buyer_id = 'racer' LIMIT 1 \
+             ON CONFLICT (owner, buyer_id) DO UPDATE SET owner = EXCLUDED.owner",
+        )
+        .await;
+    let hold = |asset: &'static str| {
+        let app = &app;
+        async move {
+            let response = app
+                .post(
+                    &format!("/v1/assets/{asset}/reservations"),
+                    Some(&crate::helpers::new_key()),
+                    &json!({"buyer_id": "racer", "hold_seconds": 300}),
+                )
+                .await;
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let released = async {
+        // Both holds wait for the lock before the other writer commits.
+        let waiting = "SELECT count(*) FROM pg_stat_activity \
+                       WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while app.count(waiting).await < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the holds never waited for the lock"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        blocker.commit().await;
+    };
+    let (a, b, ()) = tokio::join!(hold("LIM-4"), hold("LIM-5"), released);
+    let mut statuses = [a.0, b.0];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [201, 409], "{a:?} {b:?}");
+    let refused = if a.0 == 409 { &a.1 } else { &b.1 };
+    assert_eq!(refused["error_code"], "HOLD_LIMIT_REACHED", "{refused}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM reservations WHERE buyer_id = 'racer' AND status = 'HELD'")
+            .await,
+        5
+    );
 }
 
 backend_tests!(
