@@ -252,6 +252,37 @@ for scenario, ceiling, label, target in plan:
                         "met" if p99r <= 3 else "not met"))
 lines.append("")
 
+# The writes with the default pool, beside the pool sized like the clients.
+default_pool = [(sc, c, l) for sc, c, l, _ in plan
+                if sc in ("spread-hold", "hold-commit") and per_run(f"postgres-default-pool {sc}", lambda d, r: d["rps"])]
+if default_pool:
+    lines += [
+        "### The writes with the default pool",
+        "",
+        "The scenarios above run with `HOLDFAST_DB_POOL_SIZE=64`, as many database connections as pgbench's clients "
+        "in the SQL ceilings. These run the same writes with the default pool of 16 connections, on a fresh copy of "
+        "the same database in the same run: a commit waits for the disk, so fewer transactions in flight means fewer "
+        "commits sharing each flush. Ratios against the ceilings of the same run.",
+        "",
+        "| scenario | pool of 64: per second | default pool (16): per second | default / 64 (runs) | "
+        "default pool: ratio to ceiling (runs) | p99 default pool | unexpected answers |",
+        "|---|---:|---:|---|---|---:|---:|",
+    ]
+    for scenario, ceiling, label in default_pool:
+        full, small = f"postgres {scenario}", f"postgres-default-pool {scenario}"
+        rate = (lambda d: ops_rate(scenario, d)) if scenario == "hold-commit" else (lambda d: d["rps"])
+        rr = [rate(data[r][small]) / rate(data[r][full]) for r in runs
+              if "rps" in data[r].get(small, {}) and data[r].get(full, {}).get("rps")]
+        cr = [v for _, v in ratio_runs(small, ceiling, rate)]
+        bad = sum(unexpected(data[r][small], scenario) for r in runs if small in data[r])
+        unexpected_total += bad
+        unit = " sales/s" if scenario == "hold-commit" else " holds/s"
+        lines.append(
+            f"| {scenario} | {num(med(per_run(full, lambda d, r: rate(d))))}{unit} | "
+            f"{num(med(per_run(small, lambda d, r: rate(d))))}{unit} | {num(med(rr), '{:.2f}')} ({spread(rr)}) | "
+            f"{num(med(cr), '{:.2f}')} ({spread(cr)}) of {label} | {ms(med(per_run(small, lambda d, r: d['p99'])))} | {bad} |")
+    lines.append("")
+
 # Where the cost is: the writes on PostgreSQL, per operation.
 writes = [("sql-hold", "canonical hold (SQL ceiling)", "hold"),
           ("postgres spread-hold", "spread-hold (service)", "hold (201)"),

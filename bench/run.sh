@@ -10,9 +10,11 @@
 # bench/canonical_hold.sql and bench/canonical_hold_commit.sql) and the
 # diagnosis run of the service's own hold statements, on a fresh copy of a
 # database migrated by `holdfast migrate`; the PostgreSQL-backed service on
-# another fresh copy; the SQLite-backed service with synchronous = FULL (the
-# default), then NORMAL, each on a fresh copy of a seeded file. The last run
-# ends each default server with a soak of BENCH_SOAK_SECONDS (60).
+# another fresh copy, with as many database connections as pgbench has
+# clients, then its writes again with the default pool; the SQLite-backed
+# service with synchronous = FULL (the default), then NORMAL, each on a
+# fresh copy of a seeded file. The last run ends each default server with a
+# soak of BENCH_SOAK_SECONDS (60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${BENCH_SECONDS:-12}
@@ -447,11 +449,24 @@ for run in $(seq 1 "$runs"); do
   say "run $run of $runs: PostgreSQL"
   db=holdfast_bench_svc_$$_$run
   new_pg_db "$db" "$svc_tpl"
-  serve postgres 18301 "$(pg_url "$db")"
+  # As many database connections as the SQL ceilings' pgbench clients, so
+  # that both sides commit with the same concurrency.
+  serve postgres 18301 "$(pg_url "$db")" HOLDFAST_DB_POOL_SIZE=$connections
   prepare 18301
   scenarios "$run" postgres 18301 "$db"
   if [[ $run == "$runs" ]]; then soak postgres 18301; fi
   echo "$run postgres rss_kib $(peak_rss_kib "$server_pid")" >>"$results"
+  stop
+  drop_pg_db "$db"
+
+  # The writes again with the default pool (HOLDFAST_DB_POOL_SIZE=16): what
+  # fewer connections than clients cost when every commit waits for the disk.
+  say "run $run of $runs: PostgreSQL, the default pool"
+  db=holdfast_bench_dflt_$$_$run
+  new_pg_db "$db" "$svc_tpl"
+  serve postgres-default-pool 18306 "$(pg_url "$db")"
+  scenario "$run" postgres-default-pool 18306 "$db" spread-hold spread
+  scenario "$run" postgres-default-pool 18306 "$db" hold-commit hold-commit
   stop
   drop_pg_db "$db"
 
