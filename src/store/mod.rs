@@ -283,14 +283,18 @@ pub enum ReinstateOutcome {
     NotFound,
 }
 
-/// Filter and position of one page of assets.
+/// Filter and position of one page of a list in id order (assets; refunds,
+/// whose ids sort in creation order): at most `limit` rows with this status,
+/// whose id sorts after `after`.
 #[derive(Debug, Clone)]
-pub struct AssetPage {
-    pub status: Option<AssetStatus>,
-    /// Only assets whose id sorts after this one.
+pub struct StatusPage<S> {
+    pub status: Option<S>,
     pub after: Option<String>,
     pub limit: i64,
 }
+
+pub type AssetPage = StatusPage<AssetStatus>;
+pub type RefundPage = StatusPage<RefundStatus>;
 
 /// Filter and position of one page of reservations, newest first.
 #[derive(Debug, Clone)]
@@ -302,14 +306,6 @@ pub struct ReservationPage {
     pub owner: Option<String>,
     /// Only reservations whose id sorts before this one.
     pub before: Option<String>,
-    pub limit: i64,
-}
-
-/// Filter and position of one page of refunds, in id (creation) order.
-#[derive(Debug, Clone)]
-pub struct RefundPage {
-    pub status: Option<RefundStatus>,
-    pub after: Option<String>,
     pub limit: i64,
 }
 
