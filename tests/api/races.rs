@@ -366,7 +366,15 @@ async fn an_extension_races_a_release(app: TestApp) {
 /// one hold and one refusal, whichever gets the lock first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_the_buyer_limit_counts_after_the_buyers_lock() {
-    let Some(app) = TestApp::try_spawn(Backend::Postgres).await else {
+    // Long enough timeouts that both holds can wait for the lock on a slow
+    // machine.
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
+        c.db_lock_timeout_ms = 10_000;
+        c.db_statement_timeout_ms = 15_000;
+        c.db_timeout_ms = 20_000;
+    })
+    .await
+    else {
         return;
     };
     for i in 0..6 {
