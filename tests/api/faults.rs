@@ -370,6 +370,55 @@ async fn sqlite_a_withdrawal_written_after_the_expiry_expires_the_hold() {
     );
 }
 
+/// A hold abandoned at the request's deadline while its transaction waits
+/// for a lock (the buyer's lock and the claim already sent behind the
+/// BEGIN): 503 NOT_APPLIED, and the pool's only connection is not handed to
+/// the next request inside that transaction, so the abandoned hold never
+/// commits with someone else's COMMIT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_hold_leaves_no_transaction_behind() {
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
+        c.db_pool_size = 1;
+        c.db_timeout_ms = 500;
+        c.db_lock_timeout_ms = 5000;
+        c.db_statement_timeout_ms = 8000;
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("AB-1").await;
+    app.create_asset("AB-2").await;
+    let blocker = app
+        .hold_lock_open("BEGIN; SELECT 1 FROM assets WHERE id = 'AB-1' FOR UPDATE")
+        .await;
+    let key = new_key();
+    let hold = json!({"buyer_id": "b-ab"});
+    let body = unavailable(
+        app.post("/v1/assets/AB-1/reservations", Some(&key), &hold)
+            .await,
+    )
+    .await;
+    assert_eq!(body["write_outcome"], "NOT_APPLIED", "{body}");
+    blocker.release().await;
+    let other = app
+        .post("/v1/assets/AB-2/reservations", Some(&new_key()), &hold)
+        .await;
+    assert_eq!(other.status(), 201);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM reservations WHERE asset_id = 'AB-1'")
+            .await,
+        0,
+        "the abandoned hold was written"
+    );
+    let retried = app
+        .post("/v1/assets/AB-1/reservations", Some(&key), &hold)
+        .await;
+    assert_eq!(retried.status(), 201);
+    assert!(retried.headers().get("idempotent-replayed").is_none());
+}
+
 /// SQLite has one writer connection: a write that cannot get it within the
 /// acquire timeout (another request has it and waits for the lock) answers
 /// 503 NOT_APPLIED without having started, and its retry with the same key
