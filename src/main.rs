@@ -79,6 +79,11 @@ enum KeysCommand {
     },
 }
 
+/// Many small allocations a request (headers, JSON, futures): mimalloc's
+/// thread-local free lists serve them without the global allocator's locks.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
