@@ -8,6 +8,12 @@
 //! Every answer is read by a statement that starts after its caller asked,
 //! so it is exactly what a statement of that caller's own would have read at
 //! that instant: no answer is ever older than the request it answers.
+//!
+//! Batches run on the runtime the coalescer was made on (the store's, the
+//! one the service starts on), not on the HTTP worker whose caller happened
+//! to start one: the callers of every worker are answered from one place,
+//! which also drives the connections opened at start, instead of each batch
+//! crossing from one worker's thread to another's and back.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,6 +34,8 @@ pub(crate) struct Coalescer<I, O> {
     max_size: usize,
     run: Box<Runner<I, O>>,
     state: Mutex<State<I, O>>,
+    /// Where batches run; without a runtime at construction, the caller's.
+    home: Option<tokio::runtime::Handle>,
 }
 
 struct State<I, O> {
@@ -52,6 +60,7 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
                 queued: Vec::new(),
                 running: 0,
             }),
+            home: tokio::runtime::Handle::try_current().ok(),
         })
     }
 
@@ -67,7 +76,16 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
             start
         };
         if start {
-            tokio::spawn(Arc::clone(self).drain());
+            // Counted out however the batch task ends, even when it is
+            // dropped before it first runs (its runtime shutting down).
+            let batches = Self::drain(Running {
+                coalescer: Arc::clone(self),
+                counted: true,
+            });
+            match &self.home {
+                Some(home) => drop(home.spawn(batches)),
+                None => drop(tokio::spawn(batches)),
+            }
         }
         // A dropped waiter means the batch task was cancelled (shutdown).
         rx.await.unwrap_or_else(|_| {
@@ -78,28 +96,23 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
         })
     }
 
-    /// Runs batches until nothing is queued.
-    async fn drain(self: Arc<Self>) {
-        // Counts this task out however it ends, even when its runtime drops
-        // it mid-batch: the next caller then starts a batch of its own.
-        let mut running = Running {
-            coalescer: &self,
-            counted: true,
-        };
+    /// Runs batches until nothing is queued, then counts itself out (under
+    /// the same lock as the check, so that a caller queueing right now sees
+    /// a free slot and starts a batch).
+    async fn drain(mut running: Running<I, O>) {
+        let this = Arc::clone(&running.coalescer);
         loop {
             let batch = {
-                let mut state = self.lock();
+                let mut state = this.lock();
                 if state.queued.is_empty() {
-                    // Under the same lock as the check, so that a caller
-                    // queueing right now sees a free slot and starts a batch.
                     state.running -= 1;
                     running.counted = false;
                     return;
                 }
-                let take = state.queued.len().min(self.max_size);
+                let take = state.queued.len().min(this.max_size);
                 state.queued.drain(..take).collect::<Vec<_>>()
             };
-            self.answer(batch).await;
+            this.answer(batch).await;
         }
     }
 
@@ -133,16 +146,86 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
     }
 }
 
-struct Running<'a, I, O> {
-    coalescer: &'a Coalescer<I, O>,
+/// A batch task, counted among the running ones until it ends. One that
+/// ends before emptying the queue (dropped by its runtime, maybe before it
+/// first ran) leaves nobody waiting for a batch that will not come: when it
+/// was the last, the queued callers are told the read was cancelled.
+struct Running<I, O> {
+    coalescer: Arc<Coalescer<I, O>>,
     counted: bool,
 }
 
-impl<I, O> Drop for Running<'_, I, O> {
+impl<I, O> Drop for Running<I, O> {
     fn drop(&mut self) {
-        if self.counted {
-            let mut state = (self.coalescer.state.lock()).unwrap_or_else(PoisonError::into_inner);
-            state.running -= 1;
+        if !self.counted {
+            return;
+        }
+        let mut state = (self.coalescer.state.lock()).unwrap_or_else(PoisonError::into_inner);
+        state.running -= 1;
+        if state.running == 0 {
+            // Dropping a waiter's sender answers it: the read was cancelled.
+            state.queued.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn echo(home: &tokio::runtime::Runtime) -> Arc<Coalescer<u32, u32>> {
+        home.block_on(async {
+            Coalescer::new("echo", 1, 4, |inputs: Vec<u32>| -> BatchFuture<u32> {
+                Box::pin(async move { Ok(inputs.into_iter().map(|i| i * 10).collect()) })
+            })
+        })
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .expect("a runtime")
+    }
+
+    #[test]
+    fn callers_on_another_runtime_get_their_own_answers() {
+        let home = runtime();
+        let coalescer = echo(&home);
+        let callers = runtime();
+        let answers = callers.block_on(async {
+            let calls = (0..100u32).map(|i| {
+                let coalescer = Arc::clone(&coalescer);
+                tokio::spawn(async move { (i, coalescer.call(i).await) })
+            });
+            let mut answers = Vec::new();
+            for call in calls {
+                answers.push(call.await.expect("a caller"));
+            }
+            answers
+        });
+        for (i, answer) in answers {
+            assert_eq!(answer.ok(), Some(i * 10));
+        }
+    }
+
+    #[test]
+    fn a_batch_whose_runtime_is_gone_answers_unavailable_not_never() {
+        let home = runtime();
+        let coalescer = echo(&home);
+        drop(home);
+        let callers = runtime();
+        for _ in 0..2 {
+            let answer = callers.block_on(async {
+                tokio::time::timeout(Duration::from_secs(10), coalescer.call(1)).await
+            });
+            match answer {
+                Ok(Err(e)) => assert!(e.is_unavailable(), "{e}"),
+                other => panic!("expected 503-style unavailability, got {other:?}"),
+            }
         }
     }
 }
