@@ -1,6 +1,8 @@
 //! Logs (compact text by default, JSON lines on request, `RUST_LOG` filters)
 //! and Prometheus metrics rendered on our own `/metrics` route.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -147,7 +149,25 @@ pub fn render(store: &Store) -> String {
 
 /// Counts one outcome of a use case.
 pub fn count(metric: &'static str, outcome: &'static str) {
-    metrics::counter!(metric, "outcome" => outcome).increment(1);
+    type Counters = HashMap<(&'static str, &'static str), metrics::Counter>;
+    thread_local! {
+        static COUNTERS: RefCell<Counters> = RefCell::default();
+    }
+    COUNTERS.with_borrow_mut(|counters| {
+        counters
+            .entry((metric, outcome))
+            .or_insert_with(|| registered(|| metrics::counter!(metric, "outcome" => outcome)))
+            .increment(1)
+    });
+}
+
+/// A metric's handle, made once the recorder is installed. Handles are kept
+/// per thread by their labels and recorded into directly, rather than built
+/// and looked up in the registry again on every request; the registry never
+/// drops a series, so a kept handle stays the one `/metrics` renders.
+pub fn registered<H>(handle: impl FnOnce() -> H) -> H {
+    metrics();
+    handle()
 }
 
 /// Log format: compact text or one JSON object per line.

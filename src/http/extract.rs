@@ -101,7 +101,11 @@ fn route_fingerprint(req: &HttpRequest) -> Sha256 {
     let mut hash = Sha256::new();
     hash.update(req.method().as_str());
     hash.update([0]);
-    hash.update(super::observe::route_pattern(req).unwrap_or_default());
+    hash.update(
+        super::observe::route_pattern(req)
+            .as_deref()
+            .unwrap_or_default(),
+    );
     for (name, value) in req.match_info().iter() {
         hash.update([0]);
         hash.update(name);

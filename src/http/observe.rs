@@ -2,6 +2,9 @@
 //! sane, else generated, and echoed back), and the duration histogram by
 //! route pattern and status class.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
 use std::time::Instant;
 
 use actix_web::body::MessageBody;
@@ -54,15 +57,39 @@ fn status_class(status: u16) -> &'static str {
 
 /// The pattern of the route actix matched (`None` when none did). Finding
 /// it walks the router, so it is found once a request and kept with it.
-pub fn route_pattern(req: &HttpRequest) -> Option<String> {
+pub fn route_pattern(req: &HttpRequest) -> Option<Rc<str>> {
     #[derive(Clone)]
-    struct Matched(Option<String>);
+    struct Matched(Option<Rc<str>>);
     if let Some(Matched(pattern)) = req.extensions().get::<Matched>() {
         return pattern.clone();
     }
-    let pattern = req.match_pattern();
+    let pattern: Option<Rc<str>> = req.match_pattern().map(Rc::from);
     req.extensions_mut().insert(Matched(pattern.clone()));
     pattern
+}
+
+/// Records one request's duration under its labels.
+fn record_duration(route: Rc<str>, method: &'static str, status: u16, seconds: f64) {
+    type Histograms = HashMap<(Rc<str>, &'static str, &'static str), metrics::Histogram>;
+    thread_local! {
+        static HISTOGRAMS: RefCell<Histograms> = RefCell::default();
+    }
+    let class = status_class(status);
+    HISTOGRAMS.with_borrow_mut(|histograms| {
+        histograms
+            .entry((Rc::clone(&route), method, class))
+            .or_insert_with(|| {
+                crate::telemetry::registered(|| {
+                    metrics::histogram!(
+                        "holdfast_http_requests_duration_seconds",
+                        "route" => route.to_string(),
+                        "method" => method,
+                        "status" => class,
+                    )
+                })
+            })
+            .record(seconds)
+    });
 }
 
 pub async fn observe(
@@ -89,17 +116,11 @@ pub async fn observe(
     let mut response = next.call(req).instrument(span.clone()).await?;
     // The pattern of the route actix matched; unknown paths share one
     // label, as unknown methods do, so the label set stays bounded.
-    let route = route_pattern(response.request()).unwrap_or_else(|| "unmatched".to_owned());
+    let route = route_pattern(response.request()).unwrap_or_else(|| Rc::from("unmatched"));
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
-    span.record("route", route.as_str());
-    metrics::histogram!(
-        "holdfast_http_requests_duration_seconds",
-        "route" => route,
-        "method" => method,
-        "status" => status_class(status),
-    )
-    .record(elapsed.as_secs_f64());
+    span.record("route", &*route);
+    record_duration(route, method, status, elapsed.as_secs_f64());
     span.in_scope(|| {
         tracing::debug!(
             status,
