@@ -224,12 +224,14 @@ fn is_form(req: &ServiceRequest) -> bool {
         .split(';')
         .next()
         .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    matches!(
-        essence.as_str(),
-        "application/x-www-form-urlencoded" | "multipart/form-data" | "text/plain"
-    )
+        .trim();
+    [
+        "application/x-www-form-urlencoded",
+        "multipart/form-data",
+        "text/plain",
+    ]
+    .iter()
+    .any(|form| essence.eq_ignore_ascii_case(form))
 }
 
 /// The API key in an `Authorization` value: `Bearer <token>`, or `Basic`

@@ -18,7 +18,11 @@ pub const MAX_HEAD_BYTES: usize = 32 * 1024;
 
 /// The size of the request line and headers as sent.
 fn head_bytes(req: &ServiceRequest) -> usize {
-    let line = req.method().as_str().len() + req.uri().to_string().len() + 12;
+    let uri = req.uri();
+    let target = uri.scheme_str().map_or(0, |s| s.len() + 3)
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.path_and_query().map_or(0, |p| p.as_str().len());
+    let line = req.method().as_str().len() + target + 12;
     req.headers()
         .iter()
         .map(|(name, value)| name.as_str().len() + value.len() + 4)
@@ -121,5 +125,13 @@ mod tests {
             .insert_header(("X-Big", "x".repeat(MAX_HEAD_BYTES)))
             .to_srv_request();
         assert!(head_bytes(&big) > MAX_HEAD_BYTES);
+        let target = format!("/v1/assets?cursor={}", "c".repeat(MAX_HEAD_BYTES));
+        let long_query = TestRequest::get().uri(&target).to_srv_request();
+        assert!(head_bytes(&long_query) > MAX_HEAD_BYTES);
+        let absolute = TestRequest::get()
+            .uri("http://example.test/v1/assets?status=HELD")
+            .to_srv_request();
+        let line = "GET http://example.test/v1/assets?status=HELD HTTP/1.1\r\n".len();
+        assert_eq!(head_bytes(&absolute), line);
     }
 }
