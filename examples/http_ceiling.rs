@@ -1,6 +1,6 @@
 //! The HTTP ceiling of the benchmark: a minimal actix-web handler reading the
 //! request's body and answering a JSON body of the size of a hold's 409,
-//! with the same server settings and the same allocator as the service.
+//! with the same server settings.
 //! `cargo run --release --example http_ceiling -- 127.0.0.1:18300`
 
 use actix_web::{web, App, HttpResponse, HttpServer};
@@ -13,11 +13,6 @@ async fn answer(_body: web::Bytes) -> HttpResponse {
         .content_type("application/problem+json")
         .body(BODY)
 }
-
-/// The service's allocator (see `src/main.rs`), so that the ratio to this
-/// ceiling measures the service's own work, not a difference of allocators.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[actix_web::main]
 async fn main() -> std::io::Result<()> {

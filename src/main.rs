@@ -79,16 +79,25 @@ enum KeysCommand {
     },
 }
 
-/// Many small allocations a request (headers, JSON, futures): mimalloc's
-/// thread-local free lists serve them without the global allocator's locks.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.config.log_format);
-    match run(cli).await {
+    // SQLite's calls run on blocking threads, at most the pool's connections
+    // and the writer at once: more threads than that would only add memory
+    // (each keeps heaps of its own). The spare ones serve migrations,
+    // backups and restores.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(cli.config.db_pool_size + 8)
+        .build();
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("holdfast: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("holdfast: {message}");

@@ -100,6 +100,7 @@ impl SqliteStore {
             Ok::<_, StoreError>(Lane {
                 pool,
                 permits: Arc::new(Semaphore::new(size)),
+                home: tokio::runtime::Handle::try_current().ok(),
                 wait: settings.acquire_timeout,
             })
         };
@@ -336,11 +337,14 @@ fn abort_to_error(abort: Abort) -> StoreError {
 /// A pool, and as many permits as it has connections. A call waits for a
 /// permit before it takes a blocking thread, so that no more threads wait
 /// for the pool than it has connections: under load, the queue is of tasks,
-/// not of threads, each with its stack and its allocator's arena.
+/// not of threads, each with its stack and its allocator's arena. The
+/// threads are those of the runtime the store was opened on, one set shared
+/// by every HTTP worker (each worker's runtime would keep a set of its own).
 #[derive(Clone)]
 struct Lane {
     pool: Pool<ConnectionManager<SqliteConnection>>,
     permits: Arc<Semaphore>,
+    home: Option<tokio::runtime::Handle>,
     /// How long a call waits for a connection, permit and pool together.
     wait: Duration,
 }
@@ -359,13 +363,17 @@ where
         }
     };
     let pool = lane.pool.clone();
-    tokio::task::spawn_blocking(move || {
+    let call = move || {
         let _permit = permit;
         let mut conn: Conn = pool
             .get()
             .map_err(|e| StoreError::unavailable(context, e))?;
         work(&mut conn)
-    })
+    };
+    match &lane.home {
+        Some(home) => home.spawn_blocking(call),
+        None => tokio::task::spawn_blocking(call),
+    }
     .await
     .map_err(|e| StoreError::unavailable(context, format!("the database task ended: {e}")))?
 }
