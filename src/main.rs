@@ -79,16 +79,18 @@ enum KeysCommand {
     },
 }
 
+/// Blocking threads beyond the database pool's: migrations, backups, restores.
+const SPARE_BLOCKING_THREADS: usize = 8;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.config.log_format);
     // SQLite's calls run on blocking threads, at most the pool's connections
     // and the writer at once: more threads than that would only add memory
-    // (each keeps heaps of its own). The spare ones serve migrations,
-    // backups and restores.
+    // (each keeps heaps of its own).
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .max_blocking_threads(cli.config.db_pool_size + 8)
+        .max_blocking_threads(cli.config.db_pool_size + SPARE_BLOCKING_THREADS)
         .build();
     let runtime = match runtime {
         Ok(runtime) => runtime,

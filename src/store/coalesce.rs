@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
+use super::home::Home;
 use super::{StoreError, StoreResult};
 
 type Waiter<O> = oneshot::Sender<StoreResult<O>>;
@@ -34,8 +35,8 @@ pub(crate) struct Coalescer<I, O> {
     max_size: usize,
     run: Box<Runner<I, O>>,
     state: Mutex<State<I, O>>,
-    /// Where batches run; without a runtime at construction, the caller's.
-    home: Option<tokio::runtime::Handle>,
+    /// Where batches run.
+    home: Home,
 }
 
 struct State<I, O> {
@@ -60,7 +61,7 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
                 queued: Vec::new(),
                 running: 0,
             }),
-            home: tokio::runtime::Handle::try_current().ok(),
+            home: Home::here(),
         })
     }
 
@@ -82,10 +83,7 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
                 coalescer: Arc::clone(self),
                 counted: true,
             });
-            match &self.home {
-                Some(home) => drop(home.spawn(batches)),
-                None => drop(tokio::spawn(batches)),
-            }
+            drop(self.home.spawn(batches));
         }
         // A dropped waiter means the batch task was cancelled (shutdown).
         rx.await.unwrap_or_else(|_| {

@@ -5,6 +5,7 @@ mod audit;
 mod coalesce;
 mod error;
 mod flow;
+mod home;
 mod outcome;
 pub mod postgres;
 mod rows;

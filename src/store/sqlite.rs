@@ -24,6 +24,7 @@ use super::error::{Abort, Context};
 use super::flow::{
     expired_event, Assemble, Backend, Claim, Fates, HoldDraft, Purge, Snapshot, Target,
 };
+use super::home::Home;
 use super::rows::{
     asset_snapshot, ClaimedRow, Count, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
     NowAssetRow, ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
@@ -100,7 +101,7 @@ impl SqliteStore {
             Ok::<_, StoreError>(Lane {
                 pool,
                 permits: Arc::new(Semaphore::new(size)),
-                home: tokio::runtime::Handle::try_current().ok(),
+                home: Home::here(),
                 wait: settings.acquire_timeout,
             })
         };
@@ -344,7 +345,7 @@ fn abort_to_error(abort: Abort) -> StoreError {
 struct Lane {
     pool: Pool<ConnectionManager<SqliteConnection>>,
     permits: Arc<Semaphore>,
-    home: Option<tokio::runtime::Handle>,
+    home: Home,
     /// How long a call waits for a connection, permit and pool together.
     wait: Duration,
 }
@@ -370,12 +371,10 @@ where
             .map_err(|e| StoreError::unavailable(context, e))?;
         work(&mut conn)
     };
-    match &lane.home {
-        Some(home) => home.spawn_blocking(call),
-        None => tokio::task::spawn_blocking(call),
-    }
-    .await
-    .map_err(|e| StoreError::unavailable(context, format!("the database task ended: {e}")))?
+    lane.home
+        .spawn_blocking(call)
+        .await
+        .map_err(|e| StoreError::unavailable(context, format!("the database task ended: {e}")))?
 }
 
 impl Backend for SqliteStore {
