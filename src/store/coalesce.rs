@@ -5,6 +5,13 @@
 //! waits for nothing but its own statement; under load, the callers that
 //! arrive while a statement runs are answered together by the next one.
 //!
+//! A batch that follows another waits a little for company when few callers
+//! are queued as the statement before it ends: under load, every statement
+//! costs the database about the same whatever it reads for, and every batch
+//! wakes the threads its callers wait on, so fuller batches are what keeps a
+//! flash sale cheap. The wait ends as soon as enough callers are queued, and
+//! a caller that finds nothing running never waits for it.
+//!
 //! Every answer is read by a statement that starts after its caller asked,
 //! so it is exactly what a statement of that caller's own would have read at
 //! that instant: no answer is ever older than the request it answers.
@@ -18,8 +25,9 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use super::home::Home;
 use super::{StoreError, StoreResult};
@@ -34,9 +42,22 @@ pub(crate) struct Coalescer<I, O> {
     max_batches: usize,
     max_size: usize,
     run: Box<Runner<I, O>>,
+    gather: Gather,
     state: Mutex<State<I, O>>,
+    /// Told when `gather.callers` are queued.
+    enough: Notify,
     /// Where batches run.
     home: Home,
+}
+
+/// How a batch that follows another waits for company: when fewer than
+/// `callers` (but some) are queued as the statement before it ends, it
+/// starts once that many are, or after `at_most` (which the runtime's
+/// millisecond timer rounds up to its next tick).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gather {
+    pub callers: usize,
+    pub at_most: Duration,
 }
 
 struct State<I, O> {
@@ -50,6 +71,7 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
         context: &'static str,
         max_batches: usize,
         max_size: usize,
+        gather: Gather,
         run: impl Fn(Vec<I>) -> BatchFuture<O> + Send + Sync + 'static,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -57,25 +79,30 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
             max_batches: max_batches.max(1),
             max_size: max_size.max(1),
             run: Box::new(run),
+            gather,
             state: Mutex::new(State {
                 queued: Vec::new(),
                 running: 0,
             }),
+            enough: Notify::new(),
             home: Home::here(),
         })
     }
 
     pub(crate) async fn call(self: &Arc<Self>, input: I) -> StoreResult<O> {
         let (tx, rx) = oneshot::channel();
-        let start = {
+        let (start, enough) = {
             let mut state = self.lock();
             state.queued.push((input, tx));
             let start = state.running < self.max_batches;
             if start {
                 state.running += 1;
             }
-            start
+            (start, state.queued.len() == self.gather.callers)
         };
+        if enough {
+            self.enough.notify_one();
+        }
         if start {
             // Counted out however the batch task ends, even when it is
             // dropped before it first runs (its runtime shutting down).
@@ -111,7 +138,20 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
                 state.queued.drain(..take).collect::<Vec<_>>()
             };
             this.answer(batch).await;
+            this.gather().await;
         }
+    }
+
+    /// Waits for company for the next batch, when some callers but fewer
+    /// than `gather.callers` are queued.
+    async fn gather(&self) {
+        let queued = self.lock().queued.len();
+        if queued == 0 || queued >= self.gather.callers {
+            return;
+        }
+        // A notice given since the check (or left from an earlier batch) ends
+        // the wait at once: at worst a batch starts less full.
+        let _ = tokio::time::timeout(self.gather.at_most, self.enough.notified()).await;
     }
 
     async fn answer(&self, batch: Vec<(I, Waiter<O>)>) {
@@ -175,9 +215,19 @@ mod tests {
 
     fn echo(home: &tokio::runtime::Runtime) -> Arc<Coalescer<u32, u32>> {
         home.block_on(async {
-            Coalescer::new("echo", 1, 4, |inputs: Vec<u32>| -> BatchFuture<u32> {
-                Box::pin(async move { Ok(inputs.into_iter().map(|i| i * 10).collect()) })
-            })
+            let gather = Gather {
+                callers: 4,
+                at_most: Duration::from_millis(1),
+            };
+            Coalescer::new(
+                "echo",
+                1,
+                4,
+                gather,
+                |inputs: Vec<u32>| -> BatchFuture<u32> {
+                    Box::pin(async move { Ok(inputs.into_iter().map(|i| i * 10).collect()) })
+                },
+            )
         })
     }
 
@@ -187,6 +237,141 @@ mod tests {
             .enable_time()
             .build()
             .expect("a runtime")
+    }
+
+    /// A coalescer whose batches each wait for a permit of the semaphore,
+    /// and the sizes of the batches it ran.
+    type Gated = (
+        Arc<Coalescer<u32, u32>>,
+        Arc<tokio::sync::Semaphore>,
+        Arc<Mutex<Vec<usize>>>,
+    );
+
+    fn gated(home: &tokio::runtime::Runtime, gather: Gather) -> Gated {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let (g, s) = (Arc::clone(&gate), Arc::clone(&sizes));
+        let coalescer = home.block_on(async {
+            Coalescer::new(
+                "gated",
+                1,
+                64,
+                gather,
+                move |inputs: Vec<u32>| -> BatchFuture<u32> {
+                    let (gate, sizes) = (Arc::clone(&g), Arc::clone(&s));
+                    Box::pin(async move {
+                        gate.acquire().await.expect("the gate").forget();
+                        sizes.lock().expect("sizes").push(inputs.len());
+                        Ok(inputs.into_iter().map(|i| i * 10).collect())
+                    })
+                },
+            )
+        });
+        (coalescer, gate, sizes)
+    }
+
+    /// Until a batch has taken every queued caller and runs.
+    async fn until_taken(coalescer: &Coalescer<u32, u32>) {
+        loop {
+            {
+                let state = coalescer.lock();
+                if state.running == 1 && state.queued.is_empty() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    async fn until_queued(coalescer: &Coalescer<u32, u32>, n: usize) {
+        while coalescer.lock().queued.len() < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[test]
+    fn a_batch_after_another_waits_until_enough_callers_are_queued() {
+        let home = runtime();
+        let gather = Gather {
+            callers: 3,
+            at_most: Duration::from_secs(60),
+        };
+        let (coalescer, gate, sizes) = gated(&home, gather);
+        let callers = runtime();
+        let started = std::time::Instant::now();
+        let answers = callers.block_on(async {
+            let call = |i: u32| {
+                let coalescer = Arc::clone(&coalescer);
+                tokio::spawn(async move { coalescer.call(i).await.ok() })
+            };
+            let first = call(1);
+            // The first batch runs (held at the gate) while a second caller queues.
+            until_taken(&coalescer).await;
+            let second = call(2);
+            until_queued(&coalescer, 1).await;
+            gate.add_permits(10);
+            // The next batch waits for company: two more callers, later.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let third = call(3);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let fourth = call(4);
+            let mut answers = Vec::new();
+            for call in [first, second, third, fourth] {
+                let answer = tokio::time::timeout(Duration::from_secs(30), call).await;
+                answers.push(answer.expect("answered in time").expect("a caller"));
+            }
+            answers
+        });
+        assert_eq!(answers, [Some(10), Some(20), Some(30), Some(40)]);
+        assert_eq!(*sizes.lock().expect("sizes"), [1, 3]);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the third caller should have ended the wait, not the timer"
+        );
+    }
+
+    #[test]
+    fn a_batch_waits_for_company_no_longer_than_at_most_and_a_lone_caller_not_at_all() {
+        let home = runtime();
+        let gather = Gather {
+            callers: 100,
+            at_most: Duration::from_millis(20),
+        };
+        let (coalescer, gate, sizes) = gated(&home, gather);
+        gate.add_permits(100);
+        let callers = runtime();
+        callers.block_on(async {
+            // Alone, one after another: nothing is queued when a batch ends.
+            let lone = std::time::Instant::now();
+            for i in 0..20 {
+                assert_eq!(coalescer.call(i).await.ok(), Some(i * 10));
+            }
+            assert!(
+                lone.elapsed() < Duration::from_millis(20 * 20),
+                "a lone caller waited for company: {:?}",
+                lone.elapsed()
+            );
+        });
+        assert_eq!(*sizes.lock().expect("sizes"), [1; 20]);
+        // A batch short of company still runs when the wait is over.
+        let (coalescer, gate, sizes) = gated(&home, gather);
+        let answers = callers.block_on(async {
+            let call = |i: u32| {
+                let coalescer = Arc::clone(&coalescer);
+                tokio::spawn(async move { coalescer.call(i).await.ok() })
+            };
+            let first = call(1);
+            until_taken(&coalescer).await;
+            let second = call(2);
+            until_queued(&coalescer, 1).await;
+            gate.add_permits(2);
+            (
+                first.await.expect("a caller"),
+                second.await.expect("a caller"),
+            )
+        });
+        assert_eq!(answers, (Some(10), Some(20)));
+        assert_eq!(*sizes.lock().expect("sizes"), [1, 1]);
     }
 
     #[test]
