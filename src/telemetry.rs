@@ -118,6 +118,9 @@ pub const METRICS: &[(&str, &str)] = &[
     ),
 ];
 
+/// How often the recorder's queued samples are folded in between scrapes.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The process-wide recorder, installed on first use.
 pub fn metrics() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -127,6 +130,16 @@ pub fn metrics() -> &'static PrometheusHandle {
             .unwrap_or_else(|_| PrometheusBuilder::new());
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
+        // A histogram's samples wait in a queue until upkeep folds them into
+        // its buckets: without this, a service nobody scrapes would keep
+        // every request's duration, and grow by them.
+        let upkeep = handle.clone();
+        let _ = std::thread::Builder::new()
+            .name("metrics-upkeep".into())
+            .spawn(move || loop {
+                std::thread::sleep(UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            });
         // Only fails when another recorder is installed, which we never do.
         let _ = metrics::set_global_recorder(recorder);
         for (name, help) in METRICS {
