@@ -283,6 +283,51 @@ mod tests {
         }
     }
 
+    fn spawn_call(
+        coalescer: &Arc<Coalescer<u32, u32>>,
+        i: u32,
+    ) -> tokio::task::JoinHandle<Option<u32>> {
+        let coalescer = Arc::clone(coalescer);
+        tokio::spawn(async move { coalescer.call(i).await.ok() })
+    }
+
+    /// Two callers: the first one's batch runs (held at the gate) while the
+    /// second one queues.
+    async fn one_running_one_queued(
+        coalescer: &Arc<Coalescer<u32, u32>>,
+    ) -> (
+        tokio::task::JoinHandle<Option<u32>>,
+        tokio::task::JoinHandle<Option<u32>>,
+    ) {
+        let first = spawn_call(coalescer, 1);
+        until_taken(coalescer).await;
+        let second = spawn_call(coalescer, 2);
+        until_queued(coalescer, 1).await;
+        (first, second)
+    }
+
+    #[test]
+    fn callers_waiting_for_company_are_answered_unavailable_when_the_runtime_goes() {
+        let home = runtime();
+        let gather = Gather {
+            callers: 100,
+            at_most: Duration::from_secs(60),
+        };
+        let (coalescer, gate, _) = gated(&home, gather);
+        let callers = runtime();
+        let answer = callers.block_on(async {
+            let (first, second) = one_running_one_queued(&coalescer).await;
+            gate.add_permits(1);
+            assert_eq!(first.await.expect("a caller"), Some(10));
+            // The batch task now waits for company with the second caller
+            // queued; without its runtime, that caller is answered with an
+            // error, not left waiting.
+            home.shutdown_background();
+            tokio::time::timeout(Duration::from_secs(10), second).await
+        });
+        assert_eq!(answer.expect("answered in time").expect("a caller"), None);
+    }
+
     async fn until_queued(coalescer: &Coalescer<u32, u32>, n: usize) {
         while coalescer.lock().queued.len() < n {
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -300,21 +345,13 @@ mod tests {
         let callers = runtime();
         let started = std::time::Instant::now();
         let answers = callers.block_on(async {
-            let call = |i: u32| {
-                let coalescer = Arc::clone(&coalescer);
-                tokio::spawn(async move { coalescer.call(i).await.ok() })
-            };
-            let first = call(1);
-            // The first batch runs (held at the gate) while a second caller queues.
-            until_taken(&coalescer).await;
-            let second = call(2);
-            until_queued(&coalescer, 1).await;
+            let (first, second) = one_running_one_queued(&coalescer).await;
             gate.add_permits(10);
             // The next batch waits for company: two more callers, later.
             tokio::time::sleep(Duration::from_millis(50)).await;
-            let third = call(3);
+            let third = spawn_call(&coalescer, 3);
             tokio::time::sleep(Duration::from_millis(10)).await;
-            let fourth = call(4);
+            let fourth = spawn_call(&coalescer, 4);
             let mut answers = Vec::new();
             for call in [first, second, third, fourth] {
                 let answer = tokio::time::timeout(Duration::from_secs(30), call).await;
@@ -356,14 +393,7 @@ mod tests {
         // A batch short of company still runs when the wait is over.
         let (coalescer, gate, sizes) = gated(&home, gather);
         let answers = callers.block_on(async {
-            let call = |i: u32| {
-                let coalescer = Arc::clone(&coalescer);
-                tokio::spawn(async move { coalescer.call(i).await.ok() })
-            };
-            let first = call(1);
-            until_taken(&coalescer).await;
-            let second = call(2);
-            until_queued(&coalescer, 1).await;
+            let (first, second) = one_running_one_queued(&coalescer).await;
             gate.add_permits(2);
             (
                 first.await.expect("a caller"),
