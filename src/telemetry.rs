@@ -134,12 +134,15 @@ pub fn metrics() -> &'static PrometheusHandle {
         // its buckets: without this, a service nobody scrapes would keep
         // every request's duration, and grow by them.
         let upkeep = handle.clone();
-        let _ = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("metrics-upkeep".into())
             .spawn(move || loop {
                 std::thread::sleep(UPKEEP_INTERVAL);
                 upkeep.run_upkeep();
             });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no metrics upkeep thread: durations are folded in at scrapes only");
+        }
         // Only fails when another recorder is installed, which we never do.
         let _ = metrics::set_global_recorder(recorder);
         for (name, help) in METRICS {
