@@ -24,20 +24,20 @@ use diesel_async::{
     TransactionManager,
 };
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
-use futures_util::future::join;
+use futures_util::future::{join, join_all};
 use futures_util::FutureExt;
 
 use super::coalesce::{Coalescer, Gather};
 use super::error::{Abort, Context};
 use super::flow::{
     expired_event, Assemble, Backend, Change, Changed, Claim, Fates, HoldDraft, PaymentKey, Purge,
-    Snapshot, Target,
+    Snapshot, Target, Written,
 };
 use super::rows::{
     asset_snapshot, Claimed, ClaimedRow, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
     NowAssetRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
 };
-use super::statements::pg as shared;
+use super::statements::{number_events, numbers_needed, pg as shared};
 use super::{
     CompleteRefundRequest, Delivery, DeliveryResult, FeedCursor, FeedPage, HoldRequest,
     Idempotency, PoolStatus, StoreError, StoreResult, StoreSettings, WriteOutcome,
@@ -53,9 +53,13 @@ const MIGRATION_LOCK: i64 = 0x686f_6c64_6661_7374; // "holdfast"
 
 type Conn = Object<AsyncPgConnection>;
 
-/// A raw statement whose text never changes, so that PostgreSQL may keep it
-/// prepared on each connection (diesel never caches `sql_query` by itself:
-/// it cannot know the text is fixed). Used for the statements on hot paths.
+/// A statement whose text never changes, so that PostgreSQL may keep it
+/// prepared on each connection: a raw one (diesel never caches `sql_query`
+/// by itself: it cannot know the text is fixed), or an insert that sets
+/// every column it names (diesel does not cache inserts on PostgreSQL,
+/// whose text changes when a column falls back to DEFAULT). Used for the
+/// statements on hot paths; one not kept prepared costs a round trip more,
+/// to prepare it, each time.
 ///
 /// PostgreSQL chooses, per statement, between planning each execution and
 /// a generic plan kept with the statement (`plan_cache_mode = auto`): the
@@ -64,7 +68,7 @@ type Conn = Object<AsyncPgConnection>;
 /// most of their cost. A generic plan is made again whenever ANALYZE
 /// updates the statistics of a table it reads, so it follows the tables'
 /// growth.
-struct Prepared<Q>(Q);
+pub(crate) struct Prepared<Q>(pub(crate) Q);
 
 impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for Prepared<Q> {
     fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, Pg>) -> diesel::QueryResult<()> {
@@ -702,19 +706,39 @@ impl Backend for PgStore {
         idempotency: Option<&Idempotency>,
         assemble: Assemble<T>,
     ) -> StoreResult<Option<T>> {
-        let result = self
-            .db
-            .transaction(async |c| {
-                let Some(changed) = make(c, &change).await? else {
-                    return Err(Abort::Retry);
-                };
-                let written = assemble(&changed)?;
-                Ok(
-                    shared::write_after(c, change.asset_id(), &changed, written, idempotency)
-                        .await?,
-                )
-            })
-            .await;
+        let result = match live_hold(&change) {
+            // The sale or release of a live hold: the BEGIN and the change in
+            // one round trip, its event and the stored answer together in
+            // another, then the COMMIT.
+            Some((reservation, payment)) => {
+                self.db
+                    .transaction_pipelined(async |c| {
+                        let changed = change_live_hold(&mut { c }, reservation, payment).await?;
+                        let Some(changed) = changed else {
+                            return Err(Abort::Retry);
+                        };
+                        let written = assemble(&changed)?;
+                        Ok(write_after_together(c, &changed, written, idempotency).await?)
+                    })
+                    .await
+            }
+            None => {
+                self.db
+                    .transaction(async |c| {
+                        let now = match &change {
+                            Change::Refund { refund, .. } => refund.created_at,
+                            _ => db_now(c).await?,
+                        };
+                        let Some(changed) = shared::apply(c, &change, now).await? else {
+                            return Err(Abort::Retry);
+                        };
+                        let written = assemble(&changed)?;
+                        let asset = change.asset_id();
+                        Ok(shared::write_after(c, asset, &changed, written, idempotency).await?)
+                    })
+                    .await
+            }
+        };
         Abort::settle(result.map(Some), None)
     }
 }
@@ -736,25 +760,32 @@ SELECT scope, key FROM idempotency_keys WHERE created_at < now() - \
 make_interval(secs => $1) \
 ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
-/// Makes a change: the sale or release of a live hold as one statement at
-/// the database's own `now()`; every other change by the shared statements,
-/// at the clock read first in the same transaction.
-async fn make(conn: &mut AsyncPgConnection, change: &Change) -> StoreResult<Option<Changed>> {
-    let (reservation, payment) = match change {
+/// The reservation of a sale or release of a live hold, and the payment of
+/// a sale: the changes made by one statement at the database's own `now()`
+/// (every other change is made by the shared statements, at the clock read
+/// first in the same transaction).
+fn live_hold(change: &Change) -> Option<(&Reservation, Option<PaymentKey<'_>>)> {
+    match change {
         Change::Commit {
             reservation,
             scope,
             reference,
-        } => (reservation, Some(PaymentKey { scope, reference })),
-        Change::Release { reservation } => (reservation, None),
-        other => {
-            let now = match other {
-                Change::Refund { refund, .. } => refund.created_at,
-                _ => db_now(conn).await?,
-            };
-            return shared::apply(conn, other, now).await;
-        }
-    };
+        } => Some((reservation, Some(PaymentKey { scope, reference }))),
+        Change::Release { reservation } => Some((reservation, None)),
+        _ => None,
+    }
+}
+
+/// Sells (with `payment`) or releases a live hold; `None` when it is not
+/// live any more.
+async fn change_live_hold<C>(
+    conn: &mut C,
+    reservation: &Reservation,
+    payment: Option<PaymentKey<'_>>,
+) -> StoreResult<Option<Changed>>
+where
+    C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
+{
     let query = sql_query(if payment.is_some() {
         COMMIT_SQL
     } else {
@@ -787,6 +818,42 @@ async fn make(conn: &mut AsyncPgConnection, change: &Change) -> StoreResult<Opti
         sequence: Some(row.event_sequence),
         ..Changed::default()
     }))
+}
+
+/// What goes with the sale or release of a live hold, sent together in one
+/// round trip: its event, under the number the change took, and the stored
+/// answer.
+async fn write_after_together<T>(
+    conn: &AsyncPgConnection,
+    changed: &Changed,
+    mut written: Written<T>,
+    idempotency: Option<&Idempotency>,
+) -> StoreResult<T> {
+    if numbers_needed(&written, changed) > 0 {
+        return Err(StoreError::Corrupt(
+            "a live hold's change wrote more events than it took numbers for".into(),
+        ));
+    }
+    number_events(&mut written, changed, 0);
+    let now = changed.at()?;
+    let events = join_all(
+        written
+            .events
+            .iter()
+            .map(async |event| insert_event(&mut { conn }, event).await),
+    );
+    let answer = async {
+        match (idempotency, &written.answer) {
+            (Some(idempotency), Some((reply, reservation_id))) => {
+                shared::store_answer(&mut { conn }, idempotency, reply, reservation_id, now).await
+            }
+            _ => Ok(()),
+        }
+    };
+    let (events, answer) = join(events, answer).await;
+    events.into_iter().collect::<StoreResult<()>>()?;
+    answer?;
+    Ok(written.value)
 }
 
 /// The sale of a live hold: the asset first (lock order: asset, then
@@ -1061,12 +1128,15 @@ macro_rules! expire_sql {
 /// janitors share the work. The expiry of one asset, done before acting on
 /// it, waits for such a transaction instead (a janitor expiring that very
 /// hold): what the caller does next then reads after it.
-pub(crate) async fn expire_lapsed(
-    conn: &mut AsyncPgConnection,
+pub(crate) async fn expire_lapsed<C>(
+    conn: &mut C,
     asset: Option<&str>,
     now: Timestamp,
     limit: i64,
-) -> StoreResult<usize> {
+) -> StoreResult<usize>
+where
+    C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
+{
     let sql = if asset.is_some() {
         expire_sql!("FOR UPDATE")
     } else {
@@ -1091,10 +1161,10 @@ const INSERT_EVENT_SQL: &str = "\
 INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner, actor)
 VALUES ($1, $2, $3, $4, $5, $6, (SELECT owner FROM reservations WHERE id = $7), $8)";
 
-pub(crate) async fn insert_event(
-    conn: &mut AsyncPgConnection,
-    event: &NewEvent,
-) -> StoreResult<()> {
+pub(crate) async fn insert_event<C>(conn: &mut C, event: &NewEvent) -> StoreResult<()>
+where
+    C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
+{
     Prepared(event.bound::<Pg>(INSERT_EVENT_SQL))
         .execute(conn)
         .await

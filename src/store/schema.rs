@@ -10,9 +10,12 @@ use diesel::sqlite::Sqlite;
 
 use crate::domain::{format_timestamp, Timestamp};
 
-/// An instant in UTC with microsecond precision.
+/// An instant in UTC with microsecond precision. On PostgreSQL it is
+/// `timestamptz`, named by its fixed type oids (`pg_type`: 1184, its array
+/// 1185) so that no connection has to look the type up by name before the
+/// first statement that binds one.
 #[derive(Debug, Clone, Copy, Default, SqlType, diesel::query_builder::QueryId)]
-#[diesel(postgres_type(name = "timestamptz"))]
+#[diesel(postgres_type(oid = 1184, array_oid = 1185))]
 #[diesel(sqlite_type(name = "Text"))]
 pub struct Instant;
 

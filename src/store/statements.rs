@@ -30,7 +30,10 @@ macro_rules! numbered {
 }
 
 /// Defines each function once for each backend: `exec!(query)` awaits it on
-/// PostgreSQL and runs it as is on SQLite.
+/// PostgreSQL and runs it as is on SQLite; `kept!(insert)` keeps an insert
+/// prepared on PostgreSQL's connections, which diesel does not do for
+/// inserts by itself (a column it could fill with DEFAULT changes their
+/// text; these never use DEFAULT), so that it costs one round trip, not two.
 macro_rules! both {
     ($(
         $(#[$meta:meta])*
@@ -44,13 +47,16 @@ macro_rules! both {
             use super::*;
             use crate::store::postgres::{expire_lapsed, insert_event};
             use diesel_async::RunQueryDsl;
-            type Conn = diesel_async::AsyncPgConnection;
             $(
                 $(#[$meta])*
-                pub(crate) async fn $name $(<$gen: $bound>)?
-                    ($conn: &mut Conn $(, $arg: $ty)*) -> $ret {
+                pub(crate) async fn $name<
+                    Conn: diesel_async::AsyncConnectionCore<Backend = diesel::pg::Pg> + Send
+                    $(, $gen: $bound)?
+                >($conn: &mut Conn $(, $arg: $ty)*) -> $ret {
                     #[allow(unused_macros)]
                     macro_rules! exec { ($e:expr) => { $e.await } }
+                    #[allow(unused_macros)]
+                    macro_rules! kept { ($e:expr) => { crate::store::postgres::Prepared($e) } }
                     $body
                 }
             )*
@@ -69,6 +75,8 @@ macro_rules! both {
                 pub(crate) fn $name $(<$gen: $bound>)? ($conn: &mut Conn $(, $arg: $ty)*) -> $ret {
                     #[allow(unused_macros)]
                     macro_rules! exec { ($e:expr) => { $e } }
+                    #[allow(unused_macros)]
+                    macro_rules! kept { ($e:expr) => { $e } }
                     $body
                 }
             )*
@@ -96,6 +104,24 @@ use crate::domain::{
     Timestamp,
 };
 use crate::reply::Reply;
+
+/// How many event numbers the events of a change need beyond the one the
+/// change took.
+pub(crate) fn numbers_needed<T>(written: &Written<T>, changed: &Changed) -> i64 {
+    written.events.len() as i64 - i64::from(changed.sequence.is_some())
+}
+
+/// Numbers the events of a change: the number the change took first, then
+/// the asset's next ones from `next` on.
+pub(crate) fn number_events<T>(written: &mut Written<T>, changed: &Changed, mut next: i64) {
+    let mut taken = changed.sequence;
+    for event in &mut written.events {
+        event.sequence = taken.take().unwrap_or_else(|| {
+            next += 1;
+            next - 1
+        });
+    }
+}
 
 /// What a change of an asset that takes an event number sets besides its
 /// own columns: its version and its last event number one up, and when.
@@ -518,8 +544,7 @@ both! {
         reservation_id: &str,
         now: Timestamp,
     ) -> StoreResult<()> {
-        exec!(diesel::insert_into(idempotency_keys::table)
-            .values((
+        exec!(kept!(diesel::insert_into(idempotency_keys::table).values((
                 idempotency_keys::scope.eq(&idempotency.scope),
                 idempotency_keys::key.eq(idempotency.key.as_str()),
                 idempotency_keys::fingerprint.eq(&idempotency.fingerprint),
@@ -528,7 +553,7 @@ both! {
                 idempotency_keys::location.eq(reply.location.as_deref()),
                 idempotency_keys::reservation_id.eq(reservation_id),
                 idempotency_keys::created_at.eq(At(now)),
-            ))
+            )))
             .execute(conn))
         .context("store the answer")?;
         Ok(())
@@ -587,22 +612,16 @@ both! {
         idempotency: Option<&Idempotency>,
     ) -> StoreResult<T> {
         let now = changed.at()?;
-        let mut taken = changed.sequence;
-        let extra = written.events.len() as i64 - i64::from(taken.is_some());
-        let mut next = if extra > 0 {
+        let mut written = written;
+        let extra = numbers_needed(&written, changed);
+        let next = if extra > 0 {
             exec!(take_sequences(conn, asset, extra))? - extra + 1
         } else {
             0
         };
-        for mut event in written.events {
-            event.sequence = match taken.take() {
-                Some(sequence) => sequence,
-                None => {
-                    next += 1;
-                    next - 1
-                }
-            };
-            exec!(insert_event(conn, &event))?;
+        number_events(&mut written, changed, next);
+        for event in &written.events {
+            exec!(insert_event(conn, event))?;
         }
         if let (Some(idempotency), Some((reply, reservation_id))) = (idempotency, &written.answer) {
             exec!(store_answer(conn, idempotency, reply, reservation_id, now))?;
