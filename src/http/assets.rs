@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{respond, Answers, ApiError, ApiResult};
-use super::extract::{cursor_of, page_of, JsonBody, PageQuery, Validator};
+use super::error::{list_page, respond, Answers, ApiError, ApiResult};
+use super::extract::{cursor_of, JsonBody, PageQuery, Validator};
 use super::paths::AssetPath;
 use super::State;
 use crate::domain::{Asset, AssetId, AssetStatus, Event, Timestamp};
@@ -263,12 +263,9 @@ pub struct ListAssetsQuery {
     pub page: PageQuery<50>,
 }
 
-/// One page of assets.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct AssetList {
-    pub items: Vec<Asset>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    pub next_cursor: Option<String>,
+list_page! {
+    /// One page of assets.
+    AssetList { items: Vec<Asset> }
 }
 
 /// List assets in id order, optionally by effective status (keyset paging).
@@ -303,13 +300,9 @@ pub async fn list_assets(
             limit: page.limit + 1,
         })
         .await?;
-    let viewer = caller.owner_filter();
-    let (items, next_cursor) = page_of(items, page.limit, |a| cursor_of(&a.id));
-    let items = items
-        .into_iter()
-        .map(|a| a.seen_by(viewer.as_deref()))
-        .collect();
-    Ok(respond(Reply::json(200, &AssetList { items, next_cursor })))
+    let mut list = AssetList::page(items, page.limit, |a| cursor_of(&a.id));
+    list.items = as_seen_by(&caller, list.items, Asset::seen_by);
+    list.answer()
 }
 
 /// How many assets have each effective status.
@@ -340,13 +333,12 @@ pub async fn count_assets(_caller: Caller, state: State) -> ApiResult {
     Ok(respond(Reply::json(200, &AssetCounts { counts })))
 }
 
-/// One page of an asset's events.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct EventList {
-    /// Oldest first.
-    pub items: Vec<Event>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    pub next_cursor: Option<String>,
+list_page! {
+    /// One page of an asset's events.
+    EventList {
+        /// Oldest first.
+        items: Vec<Event>,
+    }
 }
 
 /// The asset's timeline: its events, oldest first, one page at a time.
@@ -379,13 +371,19 @@ pub async fn list_asset_events(
     else {
         return Err(reply::asset_not_found().into());
     };
+    let mut list = EventList::page(items, page.limit, |e| cursor_of(&e.sequence.to_string()));
+    list.items = as_seen_by(&caller, list.items, Event::seen_by);
+    list.answer()
+}
+
+/// The items of a page as `caller` may see them, each as `seen` shows it
+/// to a viewer.
+fn as_seen_by<T>(caller: &Caller, items: Vec<T>, seen: fn(T, Option<&str>) -> T) -> Vec<T> {
     let viewer = caller.owner_filter();
-    let (items, next_cursor) = page_of(items, page.limit, |e| cursor_of(&e.sequence.to_string()));
-    let items = items
+    items
         .into_iter()
-        .map(|e| e.seen_by(viewer.as_deref()))
-        .collect();
-    Ok(respond(Reply::json(200, &EventList { items, next_cursor })))
+        .map(|item| seen(item, viewer.as_deref()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -77,6 +77,11 @@ const fn page(id: &'static str) -> Operation {
     }
 }
 
+/// A list: its query (filters, `limit`, `cursor`) may fail validation.
+const fn list(id: &'static str, roles: &'static [Role]) -> Operation {
+    op(id, Roles(roles), NO_INPUT, &[(422, &[ValidationFailed])])
+}
+
 const fn public(id: &'static str, database: bool) -> Operation {
     Operation {
         id,
@@ -93,46 +98,39 @@ use Rule::Roles;
 
 const NO_INPUT: Input = Input::None;
 
+/// The problems of a change its reservation's state may refuse: a release
+/// of a hold no longer live, a void of a sale not committed.
+const ACTIVE_RESERVATION: &[(u16, &[ErrorCode])] = &[
+    (404, &[ReservationNotFound]),
+    (409, &[ReservationNotActive]),
+];
+
 pub const OPERATIONS: &[Operation] = &[
-    op(
-        "create_asset",
-        Roles(ADMIN),
-        Body,
-        &[(409, &[AssetExists]), (422, &[ValidationFailed])],
-    ),
+    op("create_asset", Roles(ADMIN), Body, &[(409, &[AssetExists])]),
     op(
         "get_asset",
         Roles(ALL),
         NO_INPUT,
         &[(404, &[AssetNotFound])],
     ),
-    op(
-        "list_assets",
-        Roles(ALL),
-        NO_INPUT,
-        &[(422, &[ValidationFailed])],
-    ),
+    list("list_assets", ALL),
     op(
         "update_asset",
         Roles(ADMIN),
         Body,
-        &[(404, &[AssetNotFound]), (422, &[ValidationFailed])],
+        &[(404, &[AssetNotFound])],
     ),
     op(
         "withdraw_asset",
         Roles(ADMIN),
         Body,
-        &[
-            (404, &[AssetNotFound]),
-            (409, &[AssetHeld, AssetSold]),
-            (422, &[ValidationFailed]),
-        ],
+        &[(404, &[AssetNotFound]), (409, &[AssetHeld, AssetSold])],
     ),
     op(
         "reinstate_asset",
         Roles(ADMIN),
         Body,
-        &[(404, &[AssetNotFound]), (422, &[ValidationFailed])],
+        &[(404, &[AssetNotFound])],
     ),
     op(
         "list_asset_events",
@@ -156,12 +154,7 @@ pub const OPERATIONS: &[Operation] = &[
         NO_INPUT,
         &[(404, &[ReservationNotFound])],
     ),
-    op(
-        "list_reservations",
-        Roles(ALL),
-        NO_INPUT,
-        &[(422, &[ValidationFailed])],
-    ),
+    list("list_reservations", ALL),
     op(
         "commit_reservation",
         Roles(PAYING),
@@ -183,10 +176,7 @@ pub const OPERATIONS: &[Operation] = &[
         "release_reservation",
         Roles(ALL),
         KeyedBody,
-        &[
-            (404, &[ReservationNotFound]),
-            (409, &[ReservationNotActive]),
-        ],
+        ACTIVE_RESERVATION,
     ),
     op(
         "extend_reservation",
@@ -201,10 +191,7 @@ pub const OPERATIONS: &[Operation] = &[
         "void_reservation",
         Roles(ADMIN),
         KeyedBody,
-        &[
-            (404, &[ReservationNotFound]),
-            (409, &[ReservationNotActive]),
-        ],
+        ACTIVE_RESERVATION,
     ),
     op(
         "get_payment",
@@ -212,30 +199,15 @@ pub const OPERATIONS: &[Operation] = &[
         NO_INPUT,
         &[(404, &[PaymentNotFound]), (422, &[ValidationFailed])],
     ),
-    op(
-        "list_refunds",
-        Roles(PAYING),
-        NO_INPUT,
-        &[(422, &[ValidationFailed])],
-    ),
+    list("list_refunds", PAYING),
     op(
         "complete_refund",
         Roles(PAYING),
         KeyedBody,
         &[(404, &[RefundNotFound])],
     ),
-    op(
-        "list_events",
-        Roles(ALL),
-        NO_INPUT,
-        &[(422, &[ValidationFailed])],
-    ),
-    op(
-        "list_dead_events",
-        Roles(ADMIN),
-        NO_INPUT,
-        &[(422, &[ValidationFailed])],
-    ),
+    list("list_events", ALL),
+    list("list_dead_events", ADMIN),
     op(
         "redeliver_event",
         Roles(ADMIN),
@@ -262,6 +234,7 @@ const BODY: &[(u16, &[ErrorCode])] = &[
     (400, &[MalformedJson]),
     (413, &[PayloadTooLarge]),
     (415, &[UnsupportedMediaType]),
+    (422, &[ValidationFailed]),
 ];
 const KEYED_BODY: &[(u16, &[ErrorCode])] = &[
     (400, &[MalformedJson, IdempotencyKeyInvalid]),

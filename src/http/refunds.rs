@@ -1,12 +1,12 @@
 //! Refunds: the reconciliation list, and completion by the payment system.
 
 use actix_web::{get, post, web};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{respond, Answers, ApiResult};
-use super::extract::{page_of, KeyedRequest, PageQuery, Validator};
+use super::error::{list_page, Answers, ApiResult};
+use super::extract::{KeyedRequest, PageQuery, Validator};
 use super::paths::RefundPath;
 use super::State;
 use crate::domain::{Refund, RefundId, RefundStatus};
@@ -24,12 +24,9 @@ pub struct ListRefundsQuery {
     pub page: PageQuery<50>,
 }
 
-/// One page of refunds, oldest first.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct RefundList {
-    pub items: Vec<Refund>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    pub next_cursor: Option<String>,
+list_page! {
+    /// One page of refunds, oldest first.
+    RefundList { items: Vec<Refund> }
 }
 
 /// Completion takes no body, or `{}`.
@@ -69,11 +66,7 @@ pub async fn list_refunds(
             limit: limit + 1,
         })
         .await?;
-    let (items, next_cursor) = page_of(items, limit, |r| r.refund_id.clone());
-    Ok(respond(Reply::json(
-        200,
-        &RefundList { items, next_cursor },
-    )))
+    RefundList::page(items, limit, |r| r.refund_id.clone()).answer()
 }
 
 const COMPLETIONS: Answers =

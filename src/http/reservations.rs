@@ -2,13 +2,13 @@
 //! takes an Idempotency-Key.
 
 use actix_web::{get, post, web};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa::openapi::schema::ObjectBuilder;
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{respond, Answers, ApiResult};
-use super::extract::{checked, cursor_of, page_of, KeyedRequest, PageQuery, Validator};
+use super::error::{list_page, respond, Answers, ApiResult};
+use super::extract::{checked, cursor_of, KeyedRequest, PageQuery, Validator};
 use super::paths::{AssetPath, ReservationPath};
 use super::{LateCommit, State};
 use crate::domain::{
@@ -399,12 +399,9 @@ pub struct ListReservationsQuery {
     pub page: PageQuery<50>,
 }
 
-/// One page of reservations, newest first.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ReservationList {
-    pub items: Vec<Reservation>,
-    /// Pass as `cursor` for the next page; null on the last page.
-    pub next_cursor: Option<String>,
+list_page! {
+    /// One page of reservations, newest first.
+    ReservationList { items: Vec<Reservation> }
 }
 
 /// List reservations, newest first (keyset paging), by buyer, asset and
@@ -449,11 +446,7 @@ pub async fn list_reservations(
             limit: page.limit + 1,
         })
         .await?;
-    let (items, next_cursor) = page_of(items, page.limit, |r| cursor_of(&r.reservation_id));
-    Ok(respond(Reply::json(
-        200,
-        &ReservationList { items, next_cursor },
-    )))
+    ReservationList::page(items, page.limit, |r| cursor_of(&r.reservation_id)).answer()
 }
 
 const HOLDS: Answers = Answers::new("holdfast_holds_total", reply::asset_not_found);

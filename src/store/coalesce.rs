@@ -215,20 +215,21 @@ mod tests {
 
     fn echo(home: &tokio::runtime::Runtime) -> Arc<Coalescer<u32, u32>> {
         home.block_on(async {
-            let gather = Gather {
-                callers: 4,
-                at_most: Duration::from_millis(1),
-            };
             Coalescer::new(
                 "echo",
                 1,
                 4,
-                gather,
+                gather(4, Duration::from_millis(1)),
                 |inputs: Vec<u32>| -> BatchFuture<u32> {
                     Box::pin(async move { Ok(inputs.into_iter().map(|i| i * 10).collect()) })
                 },
             )
         })
+    }
+
+    /// How a batch waits for company: for `callers` in all, `at_most` long.
+    fn gather(callers: usize, at_most: Duration) -> Gather {
+        Gather { callers, at_most }
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -309,11 +310,7 @@ mod tests {
     #[test]
     fn callers_waiting_for_company_are_answered_unavailable_when_the_runtime_goes() {
         let home = runtime();
-        let gather = Gather {
-            callers: 100,
-            at_most: Duration::from_secs(60),
-        };
-        let (coalescer, gate, _) = gated(&home, gather);
+        let (coalescer, gate, _) = gated(&home, gather(100, Duration::from_secs(60)));
         let callers = runtime();
         let answer = callers.block_on(async {
             let (first, second) = one_running_one_queued(&coalescer).await;
@@ -337,11 +334,7 @@ mod tests {
     #[test]
     fn a_batch_after_another_waits_until_enough_callers_are_queued() {
         let home = runtime();
-        let gather = Gather {
-            callers: 3,
-            at_most: Duration::from_secs(60),
-        };
-        let (coalescer, gate, sizes) = gated(&home, gather);
+        let (coalescer, gate, sizes) = gated(&home, gather(3, Duration::from_secs(60)));
         let callers = runtime();
         let started = std::time::Instant::now();
         let answers = callers.block_on(async {
@@ -370,10 +363,7 @@ mod tests {
     #[test]
     fn a_batch_waits_for_company_no_longer_than_at_most_and_a_lone_caller_not_at_all() {
         let home = runtime();
-        let gather = Gather {
-            callers: 100,
-            at_most: Duration::from_millis(20),
-        };
+        let gather = gather(100, Duration::from_millis(20));
         let (coalescer, gate, sizes) = gated(&home, gather);
         gate.add_permits(100);
         let callers = runtime();
