@@ -38,7 +38,9 @@ pub struct CompleteRefundBody {}
 #[utoipa::path(
     tag = "refunds",
     params(ListRefundsQuery, PageQuery<50>),
-    responses((status = 200, description = "One page of refunds", body = RefundList))
+    responses(
+        (status = 200, description = "One page of refunds", body = RefundList),
+    )
 )]
 #[get("/v1/refunds")]
 pub async fn list_refunds(
