@@ -1,5 +1,5 @@
 """Turns the service's hold statements (printed by `examples/hold_sql`) into
-a pgbench script: the same SQL, in the same transactions, each client
+a pgbench script: the same SQL, in the same transactions and round trips, each client
 holding its own assets P-<id> (id = n * 100 + client, as in the canonical
 scripts). A diagnosis, not a ceiling: it shows what the service's own
 statements cost without the service; the ceiling of `spread-hold` is the
@@ -43,7 +43,11 @@ print("\\set n :n + 1")
 print("\\set id :n * 100 + :client_id")
 # The snapshot reads for a batch of requests; here, a batch of one.
 print(bind(snapshot, {n: f"ARRAY[{values[v]}]" for n, v in ((1, 1), (2, 8), (3, 9))}) + ";")
+# As the service sends them: the buyer's lock and the hold behind the BEGIN
+# in one round trip, then the COMMIT once they are answered.
+print("\\startpipeline")
 print("BEGIN;")
 print(bind(lock, {1: values[13], 2: values[3]}) + ";")
 print(bind(hold, values) + ";")
+print("\\endpipeline")
 print("COMMIT;")

@@ -151,9 +151,10 @@ lines += [
     "the very requests of hot-held (a POST with a JSON body and a new Idempotency-Key each); the GET figure is for "
     "reference. The SQL ceilings are the design's transactions (`bench/canonical_hold.sql`, "
     "`bench/canonical_hold_commit.sql`) run by pgbench with prepared statements at 64 clients on a database migrated by "
-    "`holdfast migrate`; one hold-and-commit is a pair of transactions, one sale. The last row is not a ceiling: it is "
-    "the service's own hold statements (`examples/hold_sql`) run by pgbench the same way, a diagnosis of what they cost "
-    "without the service.",
+    "`holdfast migrate`, each transaction sent in one round trip (a pipeline); one hold-and-commit is a pair of "
+    "transactions, one sale. The last row is not a ceiling: it is the service's own hold statements "
+    "(`examples/hold_sql`) run by pgbench in the service's round trips, a diagnosis of what they cost without the "
+    "service.",
     "",
     "| ceiling | per second (median) | runs | p50 | p99 | errors | statements per operation |",
     "|---|---:|---|---:|---:|---:|---:|",
