@@ -1,6 +1,7 @@
 //! The statements both dialects share, written once with diesel's query
 //! builder over the tables of `schema.rs`. [`both!`] compiles each of them
-//! twice: in [`pg`] for diesel-async's PostgreSQL connection (awaited) and in
+//! twice: in [`pg`] for diesel-async's PostgreSQL connections (awaited; a
+//! connection of its own or one shared by statements sent together) and in
 //! [`lite`] for the SQLite connection (run on the caller's blocking thread).
 //! What differs between the dialects (PostgreSQL's single-statement writes
 //! and coalesced read, SQLite's event positions) stays in each backend.
