@@ -53,13 +53,9 @@ const MIGRATION_LOCK: i64 = 0x686f_6c64_6661_7374; // "holdfast"
 
 type Conn = Object<AsyncPgConnection>;
 
-/// A statement whose text never changes, so that PostgreSQL may keep it
-/// prepared on each connection: a raw one (diesel never caches `sql_query`
-/// by itself: it cannot know the text is fixed), or an insert that sets
-/// every column it names (diesel does not cache inserts on PostgreSQL,
-/// whose text changes when a column falls back to DEFAULT). Used for the
-/// statements on hot paths; one not kept prepared costs a round trip more,
-/// to prepare it, each time.
+/// A raw statement whose text never changes, so that PostgreSQL may keep it
+/// prepared on each connection (diesel never caches `sql_query` by itself:
+/// it cannot know the text is fixed). Used for the statements on hot paths.
 ///
 /// PostgreSQL chooses, per statement, between planning each execution and
 /// a generic plan kept with the statement (`plan_cache_mode = auto`): the
@@ -68,7 +64,7 @@ type Conn = Object<AsyncPgConnection>;
 /// most of their cost. A generic plan is made again whenever ANALYZE
 /// updates the statistics of a table it reads, so it follows the tables'
 /// growth.
-pub(crate) struct Prepared<Q>(pub(crate) Q);
+struct Prepared<Q>(Q);
 
 impl<Q: QueryFragment<Pg>> QueryFragment<Pg> for Prepared<Q> {
     fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, Pg>) -> diesel::QueryResult<()> {

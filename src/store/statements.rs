@@ -31,10 +31,7 @@ macro_rules! numbered {
 }
 
 /// Defines each function once for each backend: `exec!(query)` awaits it on
-/// PostgreSQL and runs it as is on SQLite; `kept!(insert)` keeps an insert
-/// prepared on PostgreSQL's connections, which diesel does not do for
-/// inserts by itself (a column it could fill with DEFAULT changes their
-/// text; these never use DEFAULT), so that it costs one round trip, not two.
+/// PostgreSQL and runs it as is on SQLite.
 macro_rules! both {
     ($(
         $(#[$meta:meta])*
@@ -56,8 +53,6 @@ macro_rules! both {
                 >($conn: &mut Conn $(, $arg: $ty)*) -> $ret {
                     #[allow(unused_macros)]
                     macro_rules! exec { ($e:expr) => { $e.await } }
-                    #[allow(unused_macros)]
-                    macro_rules! kept { ($e:expr) => { crate::store::postgres::Prepared($e) } }
                     $body
                 }
             )*
@@ -76,8 +71,6 @@ macro_rules! both {
                 pub(crate) fn $name $(<$gen: $bound>)? ($conn: &mut Conn $(, $arg: $ty)*) -> $ret {
                     #[allow(unused_macros)]
                     macro_rules! exec { ($e:expr) => { $e } }
-                    #[allow(unused_macros)]
-                    macro_rules! kept { ($e:expr) => { $e } }
                     $body
                 }
             )*
@@ -545,7 +538,8 @@ both! {
         reservation_id: &str,
         now: Timestamp,
     ) -> StoreResult<()> {
-        exec!(kept!(diesel::insert_into(idempotency_keys::table).values((
+        exec!(diesel::insert_into(idempotency_keys::table)
+            .values((
                 idempotency_keys::scope.eq(&idempotency.scope),
                 idempotency_keys::key.eq(idempotency.key.as_str()),
                 idempotency_keys::fingerprint.eq(&idempotency.fingerprint),
@@ -554,7 +548,7 @@ both! {
                 idempotency_keys::location.eq(reply.location.as_deref()),
                 idempotency_keys::reservation_id.eq(reservation_id),
                 idempotency_keys::created_at.eq(At(now)),
-            )))
+            ))
             .execute(conn))
         .context("store the answer")?;
         Ok(())
