@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{list_page, respond, Answers, ApiError, ApiResult};
-use super::extract::{cursor_of, JsonBody, PageQuery, Validator};
+use super::error::{respond, Answers, ApiError, ApiResult};
+use super::extract::{cursor_of, list_page, JsonBody, PageQuery, Validator};
 use super::paths::AssetPath;
 use super::State;
 use crate::domain::{Asset, AssetId, AssetStatus, Event, Timestamp};

@@ -359,6 +359,48 @@ pub fn page_of<T>(
     (items, next)
 }
 
+/// The answer of a keyset-paged list: one page of items and the cursor of
+/// the next. Each list keeps its own name and documentation (the struct's,
+/// and the items' when given) in the OpenAPI document.
+macro_rules! list_page {
+    (
+        $(#[$meta:meta])*
+        $name:ident {
+            $(#[$items_meta:meta])*
+            items: Vec<$item:ident> $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, ::serde::Serialize, ::utoipa::ToSchema)]
+        pub struct $name {
+            $(#[$items_meta])*
+            pub items: Vec<$item>,
+            /// Pass as `cursor` for the next page; null on the last page.
+            pub next_cursor: Option<String>,
+        }
+
+        impl $name {
+            /// The page out of the up to `limit + 1` items a list read: the
+            /// first `limit`, and the cursor `cursor` makes of the last one
+            /// when more follow.
+            pub fn page(
+                items: Vec<$item>,
+                limit: i64,
+                cursor: impl Fn(&$item) -> String,
+            ) -> Self {
+                let (items, next_cursor) = $crate::http::extract::page_of(items, limit, cursor);
+                Self { items, next_cursor }
+            }
+
+            /// Answers 200 with this page.
+            pub fn answer(&self) -> $crate::http::error::ApiResult {
+                Ok($crate::http::error::respond($crate::reply::Reply::json(200, self)))
+            }
+        }
+    };
+}
+pub(crate) use list_page;
+
 /// One field checked on its own: its value, or the 422 that names it.
 pub fn checked<T>(field: &str, result: Result<T, String>) -> Result<T, ApiError> {
     result.map_err(|message| reply::validation_failed(vec![FieldError::new(field, message)]).into())

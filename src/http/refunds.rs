@@ -5,8 +5,8 @@ use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{list_page, Answers, ApiResult};
-use super::extract::{KeyedRequest, PageQuery, Validator};
+use super::error::{Answers, ApiResult};
+use super::extract::{list_page, KeyedRequest, PageQuery, Validator};
 use super::paths::RefundPath;
 use super::State;
 use crate::domain::{Refund, RefundId, RefundStatus};

@@ -7,8 +7,8 @@ use utoipa::openapi::schema::ObjectBuilder;
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
-use super::error::{list_page, respond, Answers, ApiResult};
-use super::extract::{checked, cursor_of, KeyedRequest, PageQuery, Validator};
+use super::error::{respond, Answers, ApiResult};
+use super::extract::{checked, cursor_of, list_page, KeyedRequest, PageQuery, Validator};
 use super::paths::{AssetPath, ReservationPath};
 use super::{LateCommit, State};
 use crate::domain::{
