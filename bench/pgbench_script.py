@@ -10,7 +10,7 @@ expression (a literal with a colon in it, such as a timestamp, would be
 taken for a variable). run.sh sets n, hold_body and fingerprint with -D."""
 import sys
 
-snapshot, lock, hold = (part.strip() for part in sys.stdin.read().split("---"))
+snapshot, hold = (part.strip() for part in sys.stdin.read().split("---"))
 
 def ident(prefix, pad=False):
     number = "lpad(:id::text, 25, '0')" if pad else ":id::text"
@@ -43,11 +43,7 @@ print("\\set n :n + 1")
 print("\\set id :n * 100 + :client_id")
 # The snapshot reads for a batch of requests; here, a batch of one.
 print(bind(snapshot, {n: f"ARRAY[{values[v]}]" for n, v in ((1, 1), (2, 8), (3, 9))}) + ";")
-# As the service sends them: the buyer's lock and the hold behind the BEGIN
-# in one round trip, then the COMMIT once they are answered.
-print("\\startpipeline")
-print("BEGIN;")
-print(bind(lock, {1: values[13], 2: values[3]}) + ";")
+# As the service sends it: the hold (the buyer's lock, the count and the
+# claim) in one statement, its own transaction, committed in the same round
+# trip.
 print(bind(hold, values) + ";")
-print("\\endpipeline")
-print("COMMIT;")

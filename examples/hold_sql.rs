@@ -4,7 +4,5 @@
 fn main() {
     println!("{}", holdfast::store::postgres::HOLD_SNAPSHOT_SQL);
     println!("---");
-    println!("{}", holdfast::store::postgres::LOCK_BUYER_SQL);
-    println!("---");
     println!("{}", holdfast::store::postgres::HOLD_SQL);
 }

@@ -261,6 +261,22 @@ impl Reservation {
         }
     }
 
+    /// This live hold, sold at `now` for the payment `reference` of `scope`.
+    pub fn sold(mut self, now: Timestamp, scope: &str, reference: &str) -> Self {
+        self.status = ReservationStatus::Committed;
+        self.committed_at = Some(now);
+        self.payment_reference = Some(reference.to_owned());
+        self.payment_scope = Some(scope.to_owned());
+        self
+    }
+
+    /// This live hold, released at `now`.
+    pub fn released(mut self, now: Timestamp) -> Self {
+        self.status = ReservationStatus::Released;
+        self.released_at = Some(now);
+        self
+    }
+
     /// Applies the expiry rule to a stored row read at `now`.
     pub fn effective(mut self, now: Timestamp) -> Self {
         if self.status == ReservationStatus::Held && self.expires_at <= now {

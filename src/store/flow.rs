@@ -88,9 +88,17 @@ pub(crate) enum Change {
         reservation: Reservation,
         scope: String,
         reference: String,
+        /// The clock of the first read. PostgreSQL records it as the sale's
+        /// time: its write is one statement, whose answer is built before it
+        /// is sent. SQLite records the clock of its transaction.
+        read_at: Timestamp,
     },
     /// End a hold still live at the write's own clock.
-    Release { reservation: Reservation },
+    Release {
+        reservation: Reservation,
+        /// As for `Commit`.
+        read_at: Timestamp,
+    },
     /// Move a live hold's expiry to `hold_seconds` from the write's clock,
     /// within `max_total_seconds` of its creation.
     Extend {
@@ -135,7 +143,7 @@ impl Change {
     pub(crate) fn asset_id(&self) -> &str {
         match self {
             Change::Commit { reservation, .. }
-            | Change::Release { reservation }
+            | Change::Release { reservation, .. }
             | Change::Extend { reservation, .. }
             | Change::Void { reservation, .. }
             | Change::CommitLate { reservation, .. }
@@ -521,7 +529,7 @@ pub(crate) trait UseCases: Backend + Sync + Sized {
         };
         // The sale of the reservation for the payment: of its live hold, or
         // with `late`, of its lapsed one.
-        let sell = async |reservation, late| {
+        let sell = async |reservation, now, late| {
             let (scope, reference) = (payment.scope.to_owned(), payment.reference.to_owned());
             let change = if late {
                 Change::CommitLate {
@@ -534,6 +542,7 @@ pub(crate) trait UseCases: Backend + Sync + Sized {
                     reservation,
                     scope,
                     reference,
+                    read_at: now,
                 }
             };
             let sold = answered_with(EventType::ReservationCommitted);
@@ -553,11 +562,11 @@ pub(crate) trait UseCases: Backend + Sync + Sized {
             // and reads again: the payments table's key decides, not this read.
             let written = match commit_decision(&id, reservation.status, fate.as_ref()) {
                 CommitDecision::Commit => {
-                    let written = sell(reservation, false).await;
+                    let written = sell(reservation, now, false).await;
                     written.map(|reply| reply.map(CommitOutcome::Committed))
                 }
                 CommitDecision::Refuse(RefundReason::HoldExpired) if !late_refused => {
-                    let written = sell(reservation, true).await;
+                    let written = sell(reservation, now, true).await;
                     if let Ok(None) = written {
                         // Taken meanwhile: the payment is refunded instead.
                         late_refused = true;
@@ -672,7 +681,10 @@ pub(crate) trait UseCases: Backend + Sync + Sized {
         .act(self, async |reservation, now, _| {
             let unchanged = match release_decision(reservation.status) {
                 ReleaseDecision::Release => {
-                    let change = Change::Release { reservation };
+                    let change = Change::Release {
+                        reservation,
+                        read_at: now,
+                    };
                     let assemble = answered_with(EventType::ReservationReleased);
                     let written = keyed_write(self, change, &req.idempotency, assemble).await?;
                     return Ok(written.map(ReleaseOutcome::Released));

@@ -68,6 +68,18 @@ impl Gate {
             .compare_exchange(COMMITTING, state, Ordering::AcqRel, Ordering::Acquire);
     }
 
+    /// A write sent on its own failed while its rows were read: the driver
+    /// reports such a statement answered once the server bound it, so the
+    /// gate took it as committed. A refusal from the server means that it
+    /// wrote nothing, and the call has written what it had `before` it.
+    pub fn refused_while_read(&self, error: &DieselError, before: WriteOutcome) {
+        if refused(error) && before == WriteOutcome::NotApplied {
+            let _ = self
+                .0
+                .compare_exchange(COMMITTED, IDLE, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
     /// What this call may have written so far.
     pub fn outcome(&self) -> WriteOutcome {
         match self.0.load(Ordering::Acquire) {
@@ -110,6 +122,29 @@ fn refused(error: &DieselError) -> bool {
     }
 }
 
+/// The current call's gate as it was before a write sent on its own whose
+/// rows are read (`load`). The driver reports such a statement answered
+/// once the server bound it, before it ran, so the gate takes it as
+/// committed; an error that comes with its rows is the statement's own.
+pub(crate) struct BeforeWrite(Option<(Arc<Gate>, WriteOutcome)>);
+
+impl BeforeWrite {
+    pub(crate) fn now() -> Self {
+        Self(current().map(|gate| {
+            let before = gate.outcome();
+            (gate, before)
+        }))
+    }
+
+    /// The statement's result, after telling the gate of a refusal.
+    pub(crate) fn after<T>(self, result: Result<T, DieselError>) -> Result<T, DieselError> {
+        if let (Err(error), Some((gate, before))) = (&result, self.0) {
+            gate.refused_while_read(error, before);
+        }
+        result
+    }
+}
+
 tokio::task_local! {
     /// The gate of the store call running on this task.
     static GATE: Arc<Gate>;
@@ -146,11 +181,7 @@ impl CommitWatch {
                 let mut first = FirstWord::default();
                 // Stops formatting after the first word (an Err ends `write!`).
                 let _ = std::fmt::Write::write_fmt(&mut first, format_args!("{query}"));
-                if first.0.eq_ignore_ascii_case("BEGIN") {
-                    // A transaction opened by its statement, with what follows
-                    // sent behind it (see `Sessions::transaction_pipelined`).
-                    self.in_transaction = true;
-                } else if writes(&first.0) {
+                if writes(&first.0) {
                     self.open();
                 }
             }
@@ -228,6 +259,35 @@ mod tests {
     }
 
     #[test]
+    fn a_write_refused_while_its_rows_are_read_wrote_nothing() {
+        let failed =
+            |kind, message: &str| DieselError::DatabaseError(kind, Box::new(message.to_owned()));
+        let refusal = failed(
+            DatabaseErrorKind::Unknown,
+            "canceling statement due to lock timeout",
+        );
+        let gate = Gate::new();
+        assert!(gate.open_commit());
+        gate.close_commit(Ok(()), WriteOutcome::NotApplied);
+        gate.refused_while_read(&refusal, WriteOutcome::NotApplied);
+        assert_eq!(gate.outcome(), WriteOutcome::NotApplied);
+        // A connection lost while the rows came leaves it unknown.
+        assert!(gate.open_commit());
+        gate.close_commit(Ok(()), WriteOutcome::NotApplied);
+        let lost = failed(DatabaseErrorKind::ClosedConnection, "connection closed");
+        gate.refused_while_read(&lost, WriteOutcome::NotApplied);
+        assert_eq!(gate.outcome(), WriteOutcome::Unknown);
+        // What committed before it stays written.
+        let gate = Gate::new();
+        assert!(gate.open_commit());
+        gate.close_commit(Ok(()), WriteOutcome::NotApplied);
+        assert!(gate.open_commit());
+        gate.close_commit(Ok(()), WriteOutcome::Unknown);
+        gate.refused_while_read(&refusal, WriteOutcome::Unknown);
+        assert_eq!(gate.outcome(), WriteOutcome::Unknown);
+    }
+
+    #[test]
     fn a_refused_commit_leaves_nothing_written() {
         let gate = Gate::new();
         assert!(gate.open_commit());
@@ -259,5 +319,6 @@ mod tests {
         assert!(writes("INSERT INTO events VALUES (1)"));
         assert!(writes("WITH live AS (SELECT 1) UPDATE assets SET x = 1"));
         assert!(writes("UPDATE assets SET x = 1"));
+        assert!(writes(crate::store::postgres::HOLD_SQL));
     }
 }

@@ -150,16 +150,14 @@ impl ReservationRow {
     }
 }
 
-/// A reservation as a single-statement change left it, the event number
-/// the change took, and the database clock of the change.
+/// A reservation as a single-statement change left it, and the event
+/// number the change took.
 #[derive(QueryableByName)]
 pub(crate) struct TransitionRow {
     #[diesel(embed)]
     pub(crate) reservation: ReservationRow,
     #[diesel(sql_type = BigInt)]
     pub(crate) event_sequence: i64,
-    #[diesel(sql_type = Instant)]
-    pub(crate) now: Timestamp,
 }
 
 /// The columns of a LEFT JOINed reservation, all nullable.
@@ -337,6 +335,13 @@ pub(crate) struct Claimed {
     pub(crate) claimed: i64,
     #[diesel(sql_type = diesel::sql_types::Bool)]
     pub(crate) limit_reached: bool,
+}
+
+/// Whether the end of a live hold found it live and wrote it.
+#[derive(QueryableByName)]
+pub(crate) struct Ended {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) ended: i64,
 }
 
 #[derive(Selectable, Queryable, QueryableByName)]

@@ -902,11 +902,14 @@ both! {
                 reservation,
                 scope,
                 reference,
+                ..
             } => {
                 let payment = PaymentKey { scope, reference };
                 exec!(finish_hold(conn, reservation, Some(payment), now))
             }
-            Change::Release { reservation } => exec!(finish_hold(conn, reservation, None, now)),
+            Change::Release { reservation, .. } => {
+                exec!(finish_hold(conn, reservation, None, now))
+            }
             Change::Extend {
                 reservation,
                 hold_seconds,

@@ -383,12 +383,11 @@ async fn postgres_the_buyer_limit_counts_after_the_buyers_lock() {
     for i in 0..4 {
         app.hold(&format!("LIM-{i}"), "racer", 300).await;
     }
-    // Another writer holds the buyer's lock row.
+    // Another writer holds the buyer's lock.
     let blocker = app
         .hold_lock_open(
-            "BEGIN; INSERT INTO buyer_locks (owner, buyer_id) \
-             SELECT owner, buyer_id FROM reservations WHERE buyer_id = 'racer' LIMIT 1 \
-             ON CONFLICT (owner, buyer_id) DO UPDATE SET owner = EXCLUDED.owner",
+            "BEGIN; SELECT lock_buyer(owner, buyer_id) FROM reservations \
+             WHERE buyer_id = 'racer' LIMIT 1",
         )
         .await;
     let hold = |asset: &'static str| {
