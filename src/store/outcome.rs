@@ -122,27 +122,25 @@ fn refused(error: &DieselError) -> bool {
     }
 }
 
-/// The current call's gate as it was before a write sent on its own whose
-/// rows are read (`load`). The driver reports such a statement answered
-/// once the server bound it, before it ran, so the gate takes it as
-/// committed; an error that comes with its rows is the statement's own.
-pub(crate) struct BeforeWrite(Option<(Arc<Gate>, WriteOutcome)>);
-
-impl BeforeWrite {
-    pub(crate) fn now() -> Self {
-        Self(current().map(|gate| {
-            let before = gate.outcome();
-            (gate, before)
-        }))
+/// Sends a write on its own whose rows are read (`load`) with `send`. The
+/// driver reports such a statement answered once the server bound it,
+/// before it ran, so the gate takes it as committed; an error that comes
+/// with its rows is the statement's own, and the gate is told. `send` is
+/// called here, after the gate was read: diesel marks a statement started
+/// when its query is built, not when it is awaited.
+pub(crate) async fn write_alone<T, F>(send: impl FnOnce() -> F) -> Result<T, DieselError>
+where
+    F: std::future::Future<Output = Result<T, DieselError>>,
+{
+    let before = current().map(|gate| {
+        let before = gate.outcome();
+        (gate, before)
+    });
+    let result = send().await;
+    if let (Err(error), Some((gate, before))) = (&result, before) {
+        gate.refused_while_read(error, before);
     }
-
-    /// The statement's result, after telling the gate of a refusal.
-    pub(crate) fn after<T>(self, result: Result<T, DieselError>) -> Result<T, DieselError> {
-        if let (Err(error), Some((gate, before))) = (&result, self.0) {
-            gate.refused_while_read(error, before);
-        }
-        result
-    }
+    result
 }
 
 tokio::task_local! {

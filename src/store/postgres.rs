@@ -32,7 +32,7 @@ use super::flow::{
     expired_event, Assemble, Backend, Change, Changed, Claim, Fates, HoldDraft, PaymentKey, Purge,
     Snapshot, Target,
 };
-use super::outcome::BeforeWrite;
+use super::outcome::write_alone;
 use super::rows::{
     asset_snapshot, Claimed, ClaimedRow, Ended, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
     NowAssetRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
@@ -781,9 +781,9 @@ where
             .bind::<Nullable<Text>, _>(answer.map(|(_, reply)| reply.body.as_str()))
             .bind::<Nullable<Text>, _>(answer.and_then(|(_, reply)| reply.location.as_deref())),
     );
-    let before = BeforeWrite::now();
-    let rows = before.after(end_hold.load::<Ended>(conn).await);
-    let rows = rows.context("end the hold")?;
+    let rows = write_alone(|| end_hold.load::<Ended>(conn))
+        .await
+        .context("end the hold")?;
     let row = rows
         .into_iter()
         .next()
@@ -969,7 +969,7 @@ where
 /// Sent on its own, the statement commits after its row has been sent: its
 /// answer is read to the end (`load`, not `get_result`, which stops at the
 /// first row), so that the hold is acknowledged only once it committed. See
-/// [`BeforeWrite`] for an error that comes with the rows.
+/// [`write_alone`] for an error that comes with the rows.
 async fn claim_available<C>(conn: &mut C, draft: &HoldDraft<'_>) -> StoreResult<Claim>
 where
     C: diesel_async::AsyncConnectionCore<Backend = Pg> + Send,
@@ -993,9 +993,9 @@ where
             .bind::<Text, _>(&r.owner)
             .bind::<Nullable<BigInt>, _>(draft.request.max_live_holds),
     );
-    let before = BeforeWrite::now();
-    let rows = before.after(hold.load::<Claimed>(conn).await);
-    let rows = rows.context("hold the asset")?;
+    let rows = write_alone(|| hold.load::<Claimed>(conn))
+        .await
+        .context("hold the asset")?;
     let row = rows
         .into_iter()
         .next()
