@@ -1,7 +1,6 @@
 //! The statements both dialects share, written once with diesel's query
 //! builder over the tables of `schema.rs`. [`both!`] compiles each of them
-//! twice: in [`pg`] for diesel-async's PostgreSQL connections (awaited; a
-//! connection of its own or one shared by statements sent together) and in
+//! twice: in [`pg`] for diesel-async's PostgreSQL connection (awaited) and in
 //! [`lite`] for the SQLite connection (run on the caller's blocking thread).
 //! What differs between the dialects (PostgreSQL's single-statement writes
 //! and coalesced read, SQLite's event positions) stays in each backend.
@@ -98,24 +97,6 @@ use crate::domain::{
     Timestamp,
 };
 use crate::reply::Reply;
-
-/// How many event numbers the events of a change need beyond the one the
-/// change took.
-pub(crate) fn numbers_needed<T>(written: &Written<T>, changed: &Changed) -> i64 {
-    written.events.len() as i64 - i64::from(changed.sequence.is_some())
-}
-
-/// Numbers the events of a change: the number the change took first, then
-/// the asset's next ones from `next` on.
-pub(crate) fn number_events<T>(written: &mut Written<T>, changed: &Changed, mut next: i64) {
-    let mut taken = changed.sequence;
-    for event in &mut written.events {
-        event.sequence = taken.take().unwrap_or_else(|| {
-            next += 1;
-            next - 1
-        });
-    }
-}
 
 /// What a change of an asset that takes an event number sets besides its
 /// own columns: its version and its last event number one up, and when.
@@ -608,13 +589,20 @@ both! {
     ) -> StoreResult<T> {
         let now = changed.at()?;
         let mut written = written;
-        let extra = numbers_needed(&written, changed);
-        let next = if extra > 0 {
+        // The number the change took first, then the asset's next ones.
+        let extra = written.events.len() as i64 - i64::from(changed.sequence.is_some());
+        let mut next = if extra > 0 {
             exec!(take_sequences(conn, asset, extra))? - extra + 1
         } else {
             0
         };
-        number_events(&mut written, changed, next);
+        let mut taken = changed.sequence;
+        for event in &mut written.events {
+            event.sequence = taken.take().unwrap_or_else(|| {
+                next += 1;
+                next - 1
+            });
+        }
         for event in &written.events {
             exec!(insert_event(conn, event))?;
         }
