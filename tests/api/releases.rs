@@ -12,6 +12,10 @@ async fn release_makes_the_asset_available_at_once(app: TestApp) {
     let released: Value = response.json().await.unwrap();
     assert_eq!(released["status"], "RELEASED");
     assert!(released["released_at"].is_string());
+    assert_eq!(
+        app.get_json(&format!("/v1/reservations/{id}")).await,
+        released
+    );
     let asset = app.get_json("/v1/assets/R-1").await;
     assert_eq!(asset["status"], "AVAILABLE");
     assert_eq!(asset["current_reservation_id"], Value::Null);
