@@ -7,6 +7,7 @@ mod error;
 mod flow;
 mod home;
 mod outcome;
+mod plans;
 pub mod postgres;
 mod rows;
 mod schema;
@@ -43,12 +44,17 @@ fn statement_counter() -> impl FnMut(diesel::connection::InstrumentationEvent<'_
 }
 
 /// [`statement_counter`], and the marks of every COMMIT on the gate of the
-/// call that sends it (PostgreSQL, where calls run on the request's task).
-fn watched_counter() -> impl FnMut(diesel::connection::InstrumentationEvent<'_>) + Send + 'static {
+/// call that sends it (PostgreSQL, where calls run on the request's task);
+/// `committed` is called after each one that succeeded.
+fn watched_counter(
+    mut committed: impl FnMut() + Send + 'static,
+) -> impl FnMut(diesel::connection::InstrumentationEvent<'_>) + Send + 'static {
     let mut count = statement_counter();
     let mut watch = outcome::CommitWatch::default();
     move |event| {
-        watch.on_event(&event);
+        if watch.on_event(&event) {
+            committed();
+        }
         count(event);
     }
 }

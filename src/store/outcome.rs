@@ -169,7 +169,12 @@ pub(crate) struct CommitWatch {
 }
 
 impl CommitWatch {
-    pub(crate) fn on_event(&mut self, event: &diesel::connection::InstrumentationEvent<'_>) {
+    /// Follows one event; `true` when it is the success of a COMMIT or of a
+    /// write sent on its own.
+    pub(crate) fn on_event(
+        &mut self,
+        event: &diesel::connection::InstrumentationEvent<'_>,
+    ) -> bool {
         use diesel::connection::InstrumentationEvent as E;
         match event {
             E::BeginTransaction { depth, .. } if depth.get() == 1 => self.in_transaction = true,
@@ -189,9 +194,11 @@ impl CommitWatch {
                 }
                 self.committing = false;
                 self.in_transaction = false;
+                return error.is_none();
             }
             _ => {}
         }
+        false
     }
 
     fn open(&mut self) {
@@ -232,7 +239,7 @@ fn writes(sql: &str) -> bool {
         .to_ascii_uppercase();
     !matches!(
         first.as_str(),
-        "SELECT" | "SET" | "SHOW" | "BEGIN" | "ROLLBACK" | ""
+        "SELECT" | "SET" | "SHOW" | "BEGIN" | "ROLLBACK" | "DISCARD" | ""
     )
 }
 

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use deadpool::managed::{Hook, HookError, Metrics};
 use diesel::connection::CacheSize;
 use diesel::pg::Pg;
 use diesel::prelude::*;
@@ -33,6 +34,7 @@ use super::flow::{
     Snapshot, Target,
 };
 use super::outcome::write_alone;
+use super::plans::Replans;
 use super::rows::{
     asset_snapshot, Claimed, ClaimedRow, Ended, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
     NowAssetRow, ReservationSnapshotRow, TransitionRow, EVENT_COLUMNS,
@@ -121,8 +123,12 @@ impl Sessions {
         // A broken connection is noticed by its first failing query (503 once)
         // and then discarded; no test query per checkout.
         config.recycling_method = RecyclingMethod::Fast;
+        // The pool's commits tell when its sessions remake their plans.
+        let replans = Arc::new(Replans::default());
+        let counted = Arc::clone(&replans);
         config.custom_setup = Box::new(move |url| {
             let url = url.to_owned();
+            let counted = Arc::clone(&counted);
             async move {
                 let mut conn = if pooled {
                     connect_through_pooler(&url).await?
@@ -137,7 +143,7 @@ impl Sessions {
                     .map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
                     conn
                 };
-                conn.set_instrumentation(super::watched_counter());
+                conn.set_instrumentation(super::watched_counter(move || counted.committed()));
                 Ok(conn)
             }
             .boxed()
@@ -150,6 +156,19 @@ impl Sessions {
             .create_timeout(Some(settings.acquire_timeout))
             .recycle_timeout(Some(settings.acquire_timeout))
             .runtime(deadpool::Runtime::Tokio1)
+            .post_recycle(Hook::async_fn(
+                move |conn: &mut AsyncPgConnection, metrics: &Metrics| {
+                    let stale = replans.stale(metrics);
+                    Box::pin(async move {
+                        if stale {
+                            conn.batch_execute("DISCARD PLANS").await.map_err(|e| {
+                                HookError::Message(format!("remake the plans: {e}").into())
+                            })?;
+                        }
+                        Ok(())
+                    })
+                },
+            ))
             .build()
             .map_err(|e| StoreError::Config(format!("cannot build the connection pool: {e}")))?;
         let begin = if pooled {

@@ -187,3 +187,94 @@ backend_tests!(
     hold_fields_are_validated,
     lapsed_hold_reads_over_and_is_reclaimed_by_the_next_hold,
 );
+
+/// Rows of `reservations` read so far, by scans and index lookups, as far as
+/// the server has reported: (rows inserted, rows read).
+async fn reservation_reads(app: &TestApp) -> (i64, i64) {
+    let inserted = app
+        .count("SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'reservations'")
+        .await;
+    let read = app
+        .count(
+            "SELECT coalesce(t.seq_tup_read, 0) + coalesce(sum(i.idx_tup_read), 0)::bigint \
+             FROM pg_stat_user_tables t LEFT JOIN pg_stat_user_indexes i USING (relid) \
+             WHERE t.relname = 'reservations' GROUP BY t.seq_tup_read",
+        )
+        .await;
+    (inserted, read)
+}
+
+/// The reads once the server has reported `inserted` reservations (a
+/// backend reports its counts when idle, within a second or so).
+async fn reservation_reads_after(app: &TestApp, inserted: i64) -> i64 {
+    for _ in 0..100 {
+        let (seen, read) = reservation_reads(app).await;
+        if seen >= inserted {
+            return read;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    panic!("PostgreSQL never reported {inserted} reservations inserted");
+}
+
+/// PostgreSQL keeps a prepared statement's plan until the statistics of its
+/// tables change, and with autovacuum off (or before it comes round) they do
+/// not: plans made while there were few reservations (where reading the
+/// whole table is cheapest) would be kept as the table grows, and every hold
+/// and sale would then read every reservation. The service remakes its
+/// sessions' plans each time the writes it has committed double.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_made_on_a_small_table_do_not_outlive_its_growth() {
+    use futures_util::StreamExt;
+    // Behind a pooler the plans live in the pooler's server connections.
+    if std::env::var_os("HOLDFAST_TEST_POOLER_URL").is_some() {
+        return;
+    }
+    let Some(app) = TestApp::try_spawn_with(crate::helpers::Backend::Postgres, |config| {
+        config.db_pool_size = 1;
+    })
+    .await
+    else {
+        return;
+    };
+    app.sql(
+        "ALTER TABLE reservations SET (autovacuum_enabled = false); \
+         ALTER TABLE idempotency_keys SET (autovacuum_enabled = false); \
+         ALTER TABLE payments SET (autovacuum_enabled = false); \
+         INSERT INTO assets (id, name, created_at, updated_at) \
+         SELECT 'lot-' || g, 'Lot', now(), now() FROM generate_series(1, 1300) g; \
+         ANALYZE",
+    )
+    .await;
+    let sale = async |n: usize| {
+        let held = app
+            .hold(&format!("lot-{n}"), &format!("buyer-{n}"), 600)
+            .await;
+        let reservation = held["reservation_id"].as_str().expect("a reservation id");
+        let sold = app
+            .commit(reservation, &new_key(), &format!("pay-{n}"))
+            .await;
+        assert_eq!(sold.status(), 200, "commit lot-{n}");
+    };
+    // Every statement of a hold and a sale runs more than five times while
+    // the table is small: PostgreSQL then keeps a generic plan.
+    for n in 1..=10 {
+        sale(n).await;
+    }
+    // The table grows twentyfold, through the service.
+    futures_util::stream::iter(11..=1250)
+        .for_each_concurrent(16, async |n| {
+            app.hold(&format!("lot-{n}"), &format!("buyer-{n}"), 600)
+                .await;
+        })
+        .await;
+    let before = reservation_reads_after(&app, 1250).await;
+    for n in 1251..=1270 {
+        sale(n).await;
+    }
+    let read = reservation_reads_after(&app, 1270).await - before;
+    assert!(
+        read <= 20 * 20,
+        "20 holds and sales read {read} rows of reservations, among 1,270"
+    );
+}
