@@ -1028,10 +1028,10 @@ where
     })
 }
 
-/// The hold: `hold_asset` (migration `hold_in_one_statement`) takes the
-/// buyer's lock when there is a limit ($14), then counts the buyer's live
-/// holds and claims in a statement of its own, with a snapshot taken after
-/// the lock; all in this one statement. It begins with `WITH`, not `SELECT`:
+/// The hold: `hold_asset` (migration `hold_statement_by_statement`) takes
+/// the buyer's lock when there is a limit ($14), then counts the buyer's
+/// live holds in a statement of its own, with a snapshot taken after the
+/// lock, and claims below the limit; all in this one statement. It begins with `WITH`, not `SELECT`:
 /// sent outside a transaction, a statement that begins with `SELECT` counts
 /// as a read, whose 503 would say that nothing was written.
 pub const HOLD_SQL: &str = "\
