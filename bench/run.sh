@@ -256,12 +256,17 @@ wait_ready http://127.0.0.1:18300/
 
 # Assets <prefix>-<thread>-<n> for the spread (W, M), hold-commit (HW, HM)
 # and soak (S) scenarios: warm-up and measured runs never meet the same asset.
+# The soak gets room for 5 000 holds a second per thread over its length: a
+# soak that ran out of assets would measure 404s.
 per_thread=${BENCH_ASSETS_PER_THREAD:-120000}
+soak_per_thread=$((soak_seconds * 5000))
 seed_sql() {
   for p in W M HW HM S; do
+    local n=$per_thread
+    [[ $p == S ]] && n=$soak_per_thread
     echo "INSERT INTO assets (id, name, created_at, updated_at)
           SELECT '$p-' || t || '-' || n, 'lot', now(), now()
-          FROM generate_series(0, $((threads - 1))) t, generate_series(1, $per_thread) n ORDER BY t, n;"
+          FROM generate_series(0, $((threads - 1))) t, generate_series(1, $n) n ORDER BY t, n;"
   done
 }
 # The pgbench clients' assets <prefix>-<id>, id = n * 100 + client: C for
@@ -309,13 +314,14 @@ sql "$sql_tpl" "SELECT tablename, indexname, coalesce(substring(indexdef from ' 
 say "seeding the SQLite database"
 sqlite_tpl=$work/template.db
 HOLDFAST_DATABASE_URL="sqlite://$sqlite_tpl" "$bin" migrate >/dev/null
-python3 - "$sqlite_tpl" "$threads" "$per_thread" <<'PY'
+python3 - "$sqlite_tpl" "$threads" "$per_thread" "$soak_per_thread" <<'PY'
 import datetime, sqlite3, sys
-db, threads, per_thread = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+db, threads, per_thread, soak_per_thread = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 c = sqlite3.connect(db, timeout=30)
 c.executemany("INSERT INTO assets (id, name, created_at, updated_at) VALUES (?, 'lot', ?, ?)",
-              ((f"{p}-{t}-{n}", now, now) for p in ("W", "M", "HW", "HM", "S") for t in range(threads) for n in range(1, per_thread + 1)))
+              ((f"{p}-{t}-{n}", now, now) for p in ("W", "M", "HW", "HM", "S") for t in range(threads)
+               for n in range(1, (soak_per_thread if p == "S" else per_thread) + 1)))
 c.commit()
 c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 c.close()
