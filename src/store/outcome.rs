@@ -321,6 +321,7 @@ mod tests {
         assert!(!writes("SELECT now()"));
         assert!(!writes("  select 1"));
         assert!(!writes("SET LOCAL statement_timeout = 1"));
+        assert!(!writes("DISCARD PLANS"));
         assert!(writes("INSERT INTO events VALUES (1)"));
         assert!(writes("WITH live AS (SELECT 1) UPDATE assets SET x = 1"));
         assert!(writes("UPDATE assets SET x = 1"));

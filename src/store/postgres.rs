@@ -150,13 +150,16 @@ impl Sessions {
         });
         let manager =
             AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config(url, config);
-        let pool = Pool::builder(manager)
+        let mut builder = Pool::builder(manager)
             .max_size(settings.pool_size)
             .wait_timeout(Some(settings.acquire_timeout))
             .create_timeout(Some(settings.acquire_timeout))
             .recycle_timeout(Some(settings.acquire_timeout))
-            .runtime(deadpool::Runtime::Tokio1)
-            .post_recycle(Hook::async_fn(
+            .runtime(deadpool::Runtime::Tokio1);
+        // Behind a pooler the plans live in its server connections, which a
+        // session of ours does not stay on: there is nothing to remake here.
+        if !pooled {
+            builder = builder.post_recycle(Hook::async_fn(
                 move |conn: &mut AsyncPgConnection, metrics: &Metrics| {
                     let stale = replans.stale(metrics);
                     Box::pin(async move {
@@ -168,7 +171,9 @@ impl Sessions {
                         Ok(())
                     })
                 },
-            ))
+            ));
+        }
+        let pool = builder
             .build()
             .map_err(|e| StoreError::Config(format!("cannot build the connection pool: {e}")))?;
         let begin = if pooled {
