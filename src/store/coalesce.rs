@@ -21,10 +21,20 @@
 //! to start one: the callers of every worker are answered from one place,
 //! which also drives the connections opened at start, instead of each batch
 //! crossing from one worker's thread to another's and back.
+//!
+//! A batch wakes each caller's thread once, not once per caller: waking a
+//! task of another thread is a system call (the thread's event loop is
+//! signalled through an eventfd), which cost a flash-sale rejection about as
+//! much as its statement. The callers of one batch that wait on the same
+//! thread get their answers through the first of them, which hands them out
+//! on that thread, where a wake-up is a push on the thread's own run queue.
+//! A leader that is gone before it reads its answer (its request timed out)
+//! hands them out as it is dropped.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
@@ -32,7 +42,7 @@ use tokio::sync::{oneshot, Notify};
 use super::home::Home;
 use super::{StoreError, StoreResult};
 
-type Waiter<O> = oneshot::Sender<StoreResult<O>>;
+type Waiter<O> = oneshot::Sender<Answer<O>>;
 type BatchFuture<O> = Pin<Box<dyn Future<Output = StoreResult<Vec<O>>> + Send>>;
 type Runner<I, O> = dyn Fn(Vec<I>) -> BatchFuture<O> + Send + Sync;
 
@@ -61,8 +71,38 @@ pub(crate) struct Gather {
 }
 
 struct State<I, O> {
-    queued: Vec<(I, Waiter<O>)>,
+    queued: Vec<Queued<I, O>>,
     running: usize,
+}
+
+/// A caller's input, where to answer it, and the thread it waits on.
+struct Queued<I, O> {
+    input: I,
+    waiter: Waiter<O>,
+    thread: ThreadId,
+}
+
+/// What a caller receives: its own answer and, when it leads the callers of
+/// a batch that wait on its thread, theirs, handed out when the answer is
+/// dropped (read, or abandoned with its caller).
+struct Answer<O> {
+    own: Option<StoreResult<O>>,
+    others: Vec<Addressed<O>>,
+}
+
+/// An answer and the caller it is for.
+type Addressed<O> = (Waiter<O>, StoreResult<O>);
+
+impl<O> Drop for Answer<O> {
+    fn drop(&mut self) {
+        for (waiter, answer) in self.others.drain(..) {
+            // The caller may have given up (timeout); nothing to do.
+            let _ = waiter.send(Answer {
+                own: Some(answer),
+                others: Vec::new(),
+            });
+        }
+    }
 }
 
 impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
@@ -93,7 +133,11 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
         let (tx, rx) = oneshot::channel();
         let (start, enough) = {
             let mut state = self.lock();
-            state.queued.push((input, tx));
+            state.queued.push(Queued {
+                input,
+                waiter: tx,
+                thread: thread::current().id(),
+            });
             let start = state.running < self.max_batches;
             if start {
                 state.running += 1;
@@ -113,12 +157,12 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
             drop(self.home.spawn(batches));
         }
         // A dropped waiter means the batch task was cancelled (shutdown).
-        rx.await.unwrap_or_else(|_| {
-            Err(StoreError::unavailable(
-                self.context,
-                "the read was cancelled",
-            ))
-        })
+        // Dropping the answer hands out those of the callers it leads.
+        let cancelled = || StoreError::unavailable(self.context, "the read was cancelled");
+        match rx.await {
+            Ok(mut answer) => answer.own.take().unwrap_or_else(|| Err(cancelled())),
+            Err(_) => Err(cancelled()),
+        }
     }
 
     /// Runs batches until nothing is queued, then counts itself out (under
@@ -154,33 +198,63 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
         let _ = tokio::time::timeout(self.gather.at_most, self.enough.notified()).await;
     }
 
-    async fn answer(&self, batch: Vec<(I, Waiter<O>)>) {
-        let (inputs, waiters): (Vec<I>, Vec<Waiter<O>>) = batch.into_iter().unzip();
+    async fn answer(&self, batch: Vec<Queued<I, O>>) {
+        let mut inputs = Vec::with_capacity(batch.len());
+        let mut waiters = Vec::with_capacity(batch.len());
+        for queued in batch {
+            inputs.push(queued.input);
+            waiters.push((queued.waiter, queued.thread));
+        }
         let expected = waiters.len();
-        match (self.run)(inputs).await {
-            Ok(outputs) if outputs.len() == expected => {
-                for (waiter, output) in waiters.into_iter().zip(outputs) {
-                    // The caller may have given up (timeout); nothing to do.
-                    let _ = waiter.send(Ok(output));
-                }
-            }
+        let answers: Vec<StoreResult<O>> = match (self.run)(inputs).await {
+            Ok(outputs) if outputs.len() == expected => outputs.into_iter().map(Ok).collect(),
             Ok(outputs) => {
                 let reason = format!("{} answers for {expected} requests", outputs.len());
-                for waiter in waiters {
-                    let _ = waiter.send(Err(StoreError::Corrupt(reason.clone())));
-                }
+                (0..expected)
+                    .map(|_| Err(StoreError::Corrupt(reason.clone())))
+                    .collect()
             }
-            Err(e) => {
-                for waiter in waiters {
-                    let _ = waiter.send(Err(e.duplicate()));
-                }
-            }
-        }
+            Err(e) => (0..expected).map(|_| Err(e.duplicate())).collect(),
+        };
+        deliver(waiters.into_iter().zip(answers));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State<I, O>> {
         // The state is a queue and a counter, consistent after any panic.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Sends each caller its answer, the callers that wait on one thread
+/// through the first of them that still waits.
+fn deliver<O>(answers: impl Iterator<Item = ((Waiter<O>, ThreadId), StoreResult<O>)>) {
+    let mut threads: Vec<(ThreadId, Vec<Addressed<O>>)> = Vec::new();
+    for ((waiter, thread), answer) in answers {
+        match threads.iter_mut().find(|(t, _)| *t == thread) {
+            Some((_, group)) => group.push((waiter, answer)),
+            None => threads.push((thread, vec![(waiter, answer)])),
+        }
+    }
+    for (_, group) in threads {
+        let mut group = group.into_iter();
+        while let Some((leader, own)) = group.next() {
+            if leader.is_closed() {
+                continue;
+            }
+            let answer = Answer {
+                own: Some(own),
+                others: group.by_ref().collect(),
+            };
+            match leader.send(answer) {
+                Ok(()) => break,
+                // Gone since the check: the next one leads. Taking the
+                // others back keeps them from being handed out here.
+                Err(mut answer) => {
+                    let others = std::mem::take(&mut answer.others);
+                    group = others.into_iter();
+                }
+            }
+        }
     }
 }
 
@@ -413,6 +487,48 @@ mod tests {
         for (i, answer) in answers {
             assert_eq!(answer.ok(), Some(i * 10));
         }
+    }
+
+    #[test]
+    fn callers_of_one_thread_are_answered_when_the_first_of_them_is_gone() {
+        let home = runtime();
+        let (coalescer, gate, sizes) = gated(&home, gather(1, Duration::from_millis(1)));
+        let callers = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        let answers = callers.block_on(async {
+            // The first batch runs (held at the gate) while three callers of
+            // this one thread queue for the next; the first of them leaves.
+            let first = spawn_call(&coalescer, 1);
+            until_taken(&coalescer).await;
+            let gone = spawn_call(&coalescer, 2);
+            let rest = [spawn_call(&coalescer, 3), spawn_call(&coalescer, 4)];
+            until_queued(&coalescer, 3).await;
+            gone.abort();
+            assert!(gone.await.is_err(), "the caller was aborted");
+            gate.add_permits(2);
+            let mut answers = vec![first.await.expect("a caller")];
+            for call in rest {
+                let answer = tokio::time::timeout(Duration::from_secs(10), call).await;
+                answers.push(answer.expect("answered in time").expect("a caller"));
+            }
+            answers
+        });
+        assert_eq!(answers, [Some(10), Some(30), Some(40)]);
+        assert_eq!(*sizes.lock().expect("sizes"), [1, 3]);
+    }
+
+    #[test]
+    fn an_answer_dropped_unread_hands_out_those_it_carries() {
+        let (tx, rx) = oneshot::channel();
+        let answer: Answer<u32> = Answer {
+            own: Some(Ok(1)),
+            others: vec![(tx, Ok(2))],
+        };
+        drop(answer);
+        let mut handed = rx.blocking_recv().expect("an answer");
+        assert_eq!(handed.own.take().and_then(Result::ok), Some(2));
     }
 
     #[test]
