@@ -83,23 +83,26 @@ struct Queued<I, O> {
 }
 
 /// What a caller receives: its own answer and, when it leads the callers of
-/// a batch that wait on its thread, theirs, handed out when the answer is
-/// dropped (read, or abandoned with its caller).
+/// a batch that wait on its thread, theirs.
 struct Answer<O> {
-    own: Option<StoreResult<O>>,
-    others: Vec<Addressed<O>>,
+    own: StoreResult<O>,
+    others: Handout<O>,
 }
 
 /// An answer and the caller it is for.
 type Addressed<O> = (Waiter<O>, StoreResult<O>);
 
-impl<O> Drop for Answer<O> {
+/// The answers a leader carries for the others, handed out when dropped:
+/// once the leader has read its own, or with the leader when it is gone.
+struct Handout<O>(Vec<Addressed<O>>);
+
+impl<O> Drop for Handout<O> {
     fn drop(&mut self) {
-        for (waiter, answer) in self.others.drain(..) {
+        for (waiter, own) in self.0.drain(..) {
             // The caller may have given up (timeout); nothing to do.
             let _ = waiter.send(Answer {
-                own: Some(answer),
-                others: Vec::new(),
+                own,
+                others: Handout(Vec::new()),
             });
         }
     }
@@ -157,11 +160,13 @@ impl<I: Send + 'static, O: Send + 'static> Coalescer<I, O> {
             drop(self.home.spawn(batches));
         }
         // A dropped waiter means the batch task was cancelled (shutdown).
-        // Dropping the answer hands out those of the callers it leads.
-        let cancelled = || StoreError::unavailable(self.context, "the read was cancelled");
+        // The answers this caller carries for others go out as it returns.
         match rx.await {
-            Ok(mut answer) => answer.own.take().unwrap_or_else(|| Err(cancelled())),
-            Err(_) => Err(cancelled()),
+            Ok(answer) => answer.own,
+            Err(_) => Err(StoreError::unavailable(
+                self.context,
+                "the read was cancelled",
+            )),
         }
     }
 
@@ -238,21 +243,15 @@ fn deliver<O>(answers: impl Iterator<Item = ((Waiter<O>, ThreadId), StoreResult<
     for (_, group) in threads {
         let mut group = group.into_iter();
         while let Some((leader, own)) = group.next() {
-            if leader.is_closed() {
-                continue;
-            }
             let answer = Answer {
-                own: Some(own),
-                others: group.by_ref().collect(),
+                own,
+                others: Handout(group.by_ref().collect()),
             };
-            match leader.send(answer) {
-                Ok(()) => break,
-                // Gone since the check: the next one leads. Taking the
-                // others back keeps them from being handed out here.
-                Err(mut answer) => {
-                    let others = std::mem::take(&mut answer.others);
-                    group = others.into_iter();
-                }
+            // A leader that is gone gives the others back: the next leads.
+            if let Err(Answer { mut others, .. }) = leader.send(answer) {
+                group = std::mem::take(&mut others.0).into_iter();
+            } else {
+                break;
             }
         }
     }
@@ -520,15 +519,80 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_batch_answers_every_caller_of_one_thread_with_its_error() {
+        let home = runtime();
+        let (failing, gate) = home.block_on(async {
+            let gate = Arc::new(tokio::sync::Semaphore::new(0));
+            let g = Arc::clone(&gate);
+            let failing = Coalescer::new(
+                "fail",
+                1,
+                64,
+                gather(1, Duration::from_millis(1)),
+                move |_: Vec<u32>| -> BatchFuture<u32> {
+                    let gate = Arc::clone(&g);
+                    Box::pin(async move {
+                        gate.acquire().await.expect("the gate").forget();
+                        Err(StoreError::unavailable("fail", "the connection was lost"))
+                    })
+                },
+            );
+            (failing, gate)
+        });
+        let callers = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        let answers = callers.block_on(async {
+            // One batch running, three callers of this thread queued for
+            // the next: both statements fail.
+            let first = spawn_failing(&failing, 1);
+            while failing.lock().running == 0 || !failing.lock().queued.is_empty() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let rest: Vec<_> = (2..5).map(|i| spawn_failing(&failing, i)).collect();
+            while failing.lock().queued.len() < 3 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            gate.add_permits(2);
+            let mut answers = Vec::new();
+            for call in std::iter::once(first).chain(rest) {
+                let answer = tokio::time::timeout(Duration::from_secs(10), call).await;
+                answers.push(answer.expect("answered in time").expect("a caller"));
+            }
+            answers
+        });
+        assert_eq!(answers.len(), 4);
+        for answer in answers {
+            assert!(answer.contains("the connection was lost"), "{answer}");
+        }
+    }
+
+    /// A caller whose answer is an error, as text.
+    fn spawn_failing(
+        coalescer: &Arc<Coalescer<u32, u32>>,
+        i: u32,
+    ) -> tokio::task::JoinHandle<String> {
+        let coalescer = Arc::clone(coalescer);
+        tokio::spawn(async move {
+            match coalescer.call(i).await {
+                Ok(value) => format!("answered {value}"),
+                Err(e) if e.is_unavailable() => e.to_string(),
+                Err(e) => format!("not unavailable: {e}"),
+            }
+        })
+    }
+
+    #[test]
     fn an_answer_dropped_unread_hands_out_those_it_carries() {
         let (tx, rx) = oneshot::channel();
         let answer: Answer<u32> = Answer {
-            own: Some(Ok(1)),
-            others: vec![(tx, Ok(2))],
+            own: Ok(1),
+            others: Handout(vec![(tx, Ok(2))]),
         };
         drop(answer);
-        let mut handed = rx.blocking_recv().expect("an answer");
-        assert_eq!(handed.own.take().and_then(Result::ok), Some(2));
+        let handed = rx.blocking_recv().expect("an answer");
+        assert_eq!(handed.own.ok(), Some(2));
     }
 
     #[test]
