@@ -30,15 +30,15 @@ UPDATE assets
        current_reservation_id = 'res_C' || lpad(:id::text, 25, '0'),
        version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now()
  WHERE id = 'C-' || :id::text AND status = 'AVAILABLE';
-INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, owner)
+INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, client)
 VALUES ('res_C' || lpad(:id::text, 25, '0'), 'C-' || :id::text, 'b-C' || :id::text, 'HELD',
         now() + interval '600 seconds', now(), '-');
-INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner)
+INSERT INTO events (id, asset_id, sequence, type, data, created_at, client)
 VALUES ('evt_C' || lpad(:id::text, 24, '0') || 'H', 'C-' || :id::text,
         (SELECT last_event_sequence FROM assets
           WHERE id = 'C-' || :id::text AND current_reservation_id = 'res_C' || lpad(:id::text, 25, '0')),
         'reservation.held', :hold_body, now(), '-');
-INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at)
+INSERT INTO idempotency_keys (client, key, fingerprint, status_code, body, location, reservation_id, created_at)
 VALUES ('-', 'h-C' || :id::text, :fingerprint, 201, :hold_body,
         '/v1/reservations/res_C' || lpad(:id::text, 25, '0'), 'res_C' || lpad(:id::text, 25, '0'), now());
 COMMIT;

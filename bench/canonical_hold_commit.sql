@@ -30,15 +30,15 @@ UPDATE assets
        current_reservation_id = 'res_K' || lpad(:id::text, 25, '0'),
        version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = now()
  WHERE id = 'K-' || :id::text AND status = 'AVAILABLE';
-INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, owner)
+INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, client)
 VALUES ('res_K' || lpad(:id::text, 25, '0'), 'K-' || :id::text, 'b-K' || :id::text, 'HELD',
         now() + interval '600 seconds', now(), '-');
-INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner)
+INSERT INTO events (id, asset_id, sequence, type, data, created_at, client)
 VALUES ('evt_K' || lpad(:id::text, 24, '0') || 'H', 'K-' || :id::text,
         (SELECT last_event_sequence FROM assets
           WHERE id = 'K-' || :id::text AND current_reservation_id = 'res_K' || lpad(:id::text, 25, '0')),
         'reservation.held', :hold_body, now(), '-');
-INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at)
+INSERT INTO idempotency_keys (client, key, fingerprint, status_code, body, location, reservation_id, created_at)
 VALUES ('-', 'h-K' || :id::text, :fingerprint, 201, :hold_body,
         '/v1/reservations/res_K' || lpad(:id::text, 25, '0'), 'res_K' || lpad(:id::text, 25, '0'), now());
 COMMIT;
@@ -52,20 +52,20 @@ UPDATE assets
    AND current_reservation_id = 'res_K' || lpad(:id::text, 25, '0') AND hold_expires_at > now();
 UPDATE reservations
    SET status = 'COMMITTED', committed_at = now(), payment_reference = 'pay-res_K' || lpad(:id::text, 25, '0'),
-       payment_scope = '-'
+       payment_client = '-'
  WHERE id = 'res_K' || lpad(:id::text, 25, '0') AND status = 'HELD';
-INSERT INTO payments (scope, reference, reservation_id, created_at)
+INSERT INTO payments (client, reference, reservation_id, created_at)
 VALUES ('-', 'pay-res_K' || lpad(:id::text, 25, '0'),
         (SELECT id FROM reservations
           WHERE id = 'res_K' || lpad(:id::text, 25, '0') AND status = 'COMMITTED'),
         now());
-INSERT INTO events (id, asset_id, sequence, type, data, created_at, owner)
+INSERT INTO events (id, asset_id, sequence, type, data, created_at, client)
 VALUES ('evt_K' || lpad(:id::text, 24, '0') || 'C', 'K-' || :id::text,
         (SELECT last_event_sequence FROM assets
           WHERE id = 'K-' || :id::text AND status = 'SOLD'
             AND current_reservation_id = 'res_K' || lpad(:id::text, 25, '0')),
         'reservation.committed', :commit_body, now(), '-');
-INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, body, location, reservation_id, created_at)
+INSERT INTO idempotency_keys (client, key, fingerprint, status_code, body, location, reservation_id, created_at)
 VALUES ('-', 'c-res_K' || lpad(:id::text, 25, '0'), :fingerprint, 200, :commit_body,
         NULL, 'res_K' || lpad(:id::text, 25, '0'), now());
 COMMIT;

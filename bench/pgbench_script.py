@@ -31,6 +31,9 @@ values = {
     12: ident("/v1/reservations/res_", pad=True),
     13: "'-'",
     14: "5",
+    15: "NULL",
+    16: "NULL",
+    17: "NULL",
 }
 
 def bind(sql, values):

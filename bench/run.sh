@@ -529,6 +529,9 @@ done
 
 echo "machine loadavg_end $(cut -d ' ' -f 1-3 /proc/loadavg)" >>"$results"
 if [[ -n "${BENCH_RAW:-}" ]]; then cp "$results" "$BENCH_RAW"; fi
+# The other benchmarks' sections (bench/waitlist.py, bench/catalogue.py) stay.
+cp bench/RESULTS.md "$work/RESULTS.before" 2>/dev/null || true
 python3 bench/report.py "$results" "$seconds" "$runs" $(( $(date +%s) - started )) >bench/RESULTS.md || status=$?
+python3 bench/sections.py carry "$work/RESULTS.before" >>bench/RESULTS.md
 cat bench/RESULTS.md
 exit "${status:-0}"

@@ -11,6 +11,8 @@
 #
 #   usage: ci/console-e2e.sh BASE_URL [API_KEY]
 #          e.g. ci/console-e2e.sh http://127.0.0.1:8080 hf_…   (an admin key)
+#   HOLDFAST_OFFER_CLIENT names the storefront key the offer it makes is for
+#   (default "-", open mode's one client).
 #
 # Give it a holdfast with a fresh database: the assets it creates must be on
 # the board's first page. Uses Debian's chromium (installed here when
@@ -35,4 +37,4 @@ echo "console-e2e: npm ci"
 npm ci --no-audit --no-fund
 
 echo "console-e2e: checking ${base_url}/console in headless Chromium"
-HOLDFAST_URL="$base_url" HOLDFAST_TOKEN="$api_key" node console.mjs
+HOLDFAST_URL="$base_url" HOLDFAST_TOKEN="$api_key" HOLDFAST_OFFER_CLIENT="${HOLDFAST_OFFER_CLIENT:--}" node console.mjs

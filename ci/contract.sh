@@ -37,10 +37,13 @@ key=$("$bin" keys new --name contract --role admin)
 token=$(sed -n 's/^ *\(hf_[A-Za-z0-9_-]*\)$/\1/p' <<<"$key")
 entry=$(sed -n 's/^ *\(contract:admin:[0-9a-f]*\)$/\1/p' <<<"$key")
 export HOLDFAST_TOKEN=$token
+# A storefront key too, for the console's offer (an offer names the
+# storefront that sells it).
+shop_entry=$("$bin" keys new --name plates-web --role storefront | sed -n 's/^ *\(plates-web:storefront:[0-9a-f]*\)$/\1/p')
 
 # serve NAME PORT DATABASE_URL: starts holdfast and waits until it is ready.
 serve() {
-  HOLDFAST_DATABASE_URL=$3 HOLDFAST_BIND=127.0.0.1:$2 HOLDFAST_HOLD_SECONDS_MIN=1 HOLDFAST_API_KEYS=$entry \
+  HOLDFAST_DATABASE_URL=$3 HOLDFAST_BIND=127.0.0.1:$2 HOLDFAST_HOLD_SECONDS_MIN=1 HOLDFAST_API_KEYS=${keys:-$entry} \
     RUST_LOG=warn "$bin" serve >"$work/$1.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 1 100); do
@@ -94,7 +97,8 @@ SCREENSHOT="$root/target/docs.png" ci/docs-screenshot.sh "http://127.0.0.1:$sqli
 # the browser signs in with the admin key, as an operator would.
 step "operator console in headless Chromium"
 console_port=18183
-serve console "$console_port" "sqlite://$work/console.db"
-SCREENSHOT_DIR="$root/target" ci/console-e2e.sh "http://127.0.0.1:$console_port" "$token"
+keys="$entry,$shop_entry" serve console "$console_port" "sqlite://$work/console.db"
+SCREENSHOT_DIR="$root/target" HOLDFAST_OFFER_CLIENT=plates-web \
+  ci/console-e2e.sh "http://127.0.0.1:$console_port" "$token"
 
 step "contract checks passed"

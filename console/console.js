@@ -16,6 +16,9 @@
   const WITHDRAW_PATH = "/v1/assets/{asset_id}/withdraw";
   const REINSTATE_PATH = "/v1/assets/{asset_id}/reinstate";
   const VOID_PATH = "/v1/reservations/{reservation_id}/void";
+  const WAITLIST_PATH = "/v1/assets/{asset_id}/waitlist";
+  const OFFER_PATH = "/v1/assets/{asset_id}/offers";
+  const SEARCH_DELAY_MS = 300;
   const STATUS_WORDS = {
     AVAILABLE: "Available",
     HELD: "Held",
@@ -27,6 +30,7 @@
     RESERVATION_RELEASED: "paid for a released hold",
     ALREADY_COMMITTED: "second payment for a sold asset",
     SALE_VOIDED: "sale voided",
+    AMOUNT_MISMATCH: "paid less than the price, or another currency",
   };
 
   const $ = (id) => document.getElementById(id);
@@ -36,6 +40,7 @@
     doc: null, // the OpenAPI document, read once
     statuses: DEFAULT_STATUSES.slice(),
     filter: "", // status shown on the board; "" for all
+    prefix: "", // the id prefix the board lists; "" for every id
     pageCursors: [null], // the cursor that opens each page seen so far
     page: 0,
     nextCursor: null,
@@ -49,6 +54,8 @@
     canReinstate: false,
     canSetOpening: false,
     canVoid: false,
+    canQueue: false,
+    canOffer: false,
     paused: false,
     signedOut: false,
     timer: 0,
@@ -437,6 +444,7 @@
     const view = state.view;
     const params = new URLSearchParams({ limit: String(PAGE_SIZE) });
     if (state.filter) params.set("status", state.filter);
+    if (state.prefix) params.set("id_prefix", state.prefix);
     const cursor = state.pageCursors[state.page];
     if (cursor) params.set("cursor", cursor);
     const body = await api("GET", `/v1/assets?${params}`);
@@ -486,12 +494,58 @@
     }
   }
 
-  function matchesSearch(asset) {
-    const q = $("search").value.trim().toLowerCase();
-    return q === "" || asset.id.toLowerCase().includes(q);
+  /** The board lists the ids that start with what is typed, once typing pauses. */
+  let searchTimer = 0;
+  function onSearchInput() {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(() => {
+      const prefix = $("search").value.trim();
+      if (prefix === state.prefix) return;
+      state.prefix = prefix;
+      state.pageCursors = [null];
+      state.page = 0;
+      refreshBoard();
+    }, SEARCH_DELAY_MS);
   }
 
-  const COLUMNS = ["Asset", "Name", "Status", "Hold ends in", "Buyer", "Updated", "Actions"];
+  // ISO 4217's minor units where they are not two (the API's amounts are in
+  // them; a browser's own currency data may round some to whole units).
+  const MINOR_UNITS = {
+    BIF: 0, CLP: 0, DJF: 0, GNF: 0, ISK: 0, JPY: 0, KMF: 0, KRW: 0, PYG: 0, RWF: 0,
+    UGX: 0, UYI: 0, VND: 0, VUV: 0, XAF: 0, XOF: 0, XPF: 0,
+    BHD: 3, IQD: 3, JOD: 3, KWD: 3, LYD: 3, OMR: 3, TND: 3, CLF: 4, UYW: 4,
+  };
+
+  /** "IDR 15,000,000.00" or "€2,500.00": an amount in minor units, in its currency. */
+  function formatPrice(price) {
+    if (!price) return "—";
+    const digits = MINOR_UNITS[price.currency] ?? 2;
+    try {
+      const format = new Intl.NumberFormat(undefined, {
+        style: "currency",
+        currency: price.currency,
+        minimumFractionDigits: digits,
+        maximumFractionDigits: digits,
+      });
+      return format.format(price.amount / 10 ** digits);
+    } catch {
+      return `${price.amount} ${price.currency} (minor units)`;
+    }
+  }
+
+  /** "region: AB · digits: 2 · premium": what the shop filters on. */
+  function describeAttributes(attributes) {
+    return Object.entries(attributes || {})
+      .map(([key, value]) => (value === true ? key : value === false ? `not ${key}` : `${key}: ${value}`))
+      .join(" · ");
+  }
+
+  function waitingNote(asset) {
+    const n = asset.waitlist_length || 0;
+    return n > 0 ? el("span", "waiting", `${n} waiting`) : null;
+  }
+
+  const COLUMNS = ["Asset", "Name", "Price", "Status", "Hold ends in", "Buyer", "Updated", "Actions"];
 
   function newRow(asset) {
     const tr = el("tr");
@@ -507,7 +561,7 @@
     open.setAttribute("aria-label", `${asset.id}: show timeline`);
     th.append(open);
     tr.append(th);
-    for (const [i, name] of ["name", "status", "hold", "buyer", "updated", "actions"].entries()) {
+    for (const [i, name] of ["name", "price", "status", "hold", "buyer", "updated", "actions"].entries()) {
       const td = el("td", `cell-${name}`);
       td.setAttribute("role", "cell");
       td.dataset.label = COLUMNS[i + 1];
@@ -521,11 +575,24 @@
     const previous = tr._asset;
     tr._asset = asset;
     tr.dataset.status = asset.status;
-    setText(tr.querySelector(".cell-name .value"), asset.name);
+    const attributes = describeAttributes(asset.attributes);
+    const nameCell = tr.querySelector(".cell-name .value");
+    if (!previous || previous.name !== asset.name || describeAttributes(previous.attributes) !== attributes) {
+      nameCell.replaceChildren(el("span", "asset-name", asset.name));
+      if (attributes) nameCell.append(el("span", "attrs", attributes));
+    }
+    setText(tr.querySelector(".cell-price .value"), formatPrice(asset.price));
     const statusCell = tr.querySelector(".cell-status .value");
-    if (!previous || previous.status !== asset.status || previous.available_from !== asset.available_from) {
+    if (
+      !previous ||
+      previous.status !== asset.status ||
+      previous.available_from !== asset.available_from ||
+      previous.waitlist_length !== asset.waitlist_length
+    ) {
       statusCell.replaceChildren(badge(asset.status));
       if (asset.available_from && opensLater(asset)) statusCell.append(" ", opensNote(asset.available_from));
+      const waiting = waitingNote(asset);
+      if (waiting) statusCell.append(" ", waiting);
       if (previous && previous.status !== asset.status) flash(tr);
     }
     const holdCell = tr.querySelector(".cell-hold .value");
@@ -543,7 +610,6 @@
     const selected = state.selected === asset.id;
     open.setAttribute("aria-expanded", String(selected));
     tr.classList.toggle("selected", selected);
-    tr.hidden = !matchesSearch(asset);
   }
 
   function flash(tr) {
@@ -576,12 +642,12 @@
         rows.delete(id);
       }
     }
-    const shown = state.assets.filter(matchesSearch).length;
+    const shown = state.assets.length;
     $("assets-empty").hidden = shown > 0;
-    $("assets-empty").textContent = state.assets.length === 0 ? "No assets match." : "No asset on this page matches the id typed.";
+    $("assets-empty").textContent = state.prefix ? `No asset id starts with “${state.prefix}”.` : "No assets match.";
     const what = state.filter ? `${statusWord(state.filter)} assets` : "All assets";
-    const q = $("search").value.trim();
-    setText($("assets-caption"), `${what}, page ${state.page + 1}${q ? `, ids containing “${q}”` : ""}: ${shown} shown`);
+    const q = state.prefix;
+    setText($("assets-caption"), `${what}, page ${state.page + 1}${q ? `, ids starting with “${q}”` : ""}: ${shown} shown`);
     setText($("page-number"), `Page ${state.page + 1}`);
     $("prev-page").disabled = state.page === 0;
     $("next-page").disabled = !state.nextCursor;
@@ -799,6 +865,11 @@
     $("asset-detail").replaceChildren();
     $("detail-actions").replaceChildren();
     $("opening-form").hidden = true;
+    $("offer-form").hidden = true;
+    $("offer-form").reset();
+    $("queue-section").hidden = true;
+    $("queue").replaceChildren();
+    $("queue").dataset.signature = "";
     $("events").replaceChildren();
     $("events-empty").hidden = true;
     for (const tr of rows.values()) {
@@ -846,6 +917,7 @@
     if (changed || $("asset-detail").childElementCount === 0) renderDetail(asset);
     lookUpBuyers([asset]);
     renderEvents(events);
+    await loadQueue(id);
   }
 
   /** Every event of an asset, oldest first, following next_cursor page by page. */
@@ -865,7 +937,10 @@
     const dl = $("asset-detail");
     const entries = [
       ["Name", el("span", null, asset.name)],
+      ["Price", el("span", null, formatPrice(asset.price))],
+      ["Attributes", el("span", null, describeAttributes(asset.attributes) || "—")],
       ["Status", badge(asset.status)],
+      ["Waiting", el("span", null, String(asset.waitlist_length || 0))],
       ["Hold ends in", asset.status === "HELD" && asset.hold_expires_at ? countdown(asset.hold_expires_at) : el("span", null, "—")],
       ["Sale opens", openingDetail(asset)],
       ["Buyer", el("span", "detail-buyer", buyerOf(asset))],
@@ -889,6 +964,77 @@
     $("opening-now").hidden = !opensLater(asset);
     // Filled when the form appears, never while the operator may be typing.
     if (wasHidden && !form.hidden) $("opening-at").value = asset.available_from ? localInputValue(asset.available_from) : "";
+    const offer = $("offer-form");
+    const offerHidden = offer.hidden;
+    offer.hidden = !state.canOffer || asset.status !== "AVAILABLE";
+    if (offerHidden && !offer.hidden && !$("offer-until").value) {
+      $("offer-until").value = localInputValue(new Date(serverNow() + 2 * 24 * 3600 * 1000).toISOString());
+    }
+  }
+
+  /** The asset's waiting list, first first, as an admin reads it. */
+  async function loadQueue(assetId) {
+    if (!state.canQueue) return;
+    const body = await api("GET", WAITLIST_PATH.replace("{asset_id}", encodeURIComponent(assetId)));
+    if (state.selected !== assetId) return;
+    renderQueue(body?.items || []);
+  }
+
+  function renderQueue(items) {
+    $("queue-section").hidden = false;
+    const list = $("queue");
+    const signature = JSON.stringify(items.map((e) => [e.position, e.buyer_id, e.client]));
+    if (list.dataset.signature === signature) return;
+    list.dataset.signature = signature;
+    list.replaceChildren();
+    for (const entry of items) {
+      const li = el("li", "queue-entry");
+      li.dataset.buyer = entry.buyer_id;
+      li.append(
+        el("span", "queue-position", `${entry.position}.`),
+        " ",
+        el("span", "queue-buyer", entry.buyer_id),
+        el("span", "queue-client", ` (${entry.client}), waiting since `),
+        timeEl(entry.joined_at),
+      );
+      list.append(li);
+    }
+    $("queue-empty").hidden = items.length > 0;
+  }
+
+  /**
+   * Offer the asset in the timeline to a named buyer, held until a date for
+   * the storefront that sells it. A retry of the same offer after no answer
+   * sends the same Idempotency-Key, so it holds once.
+   */
+  async function makeOffer(event) {
+    event.preventDefault();
+    const asset = state.selectedAsset;
+    if (!asset) return;
+    const form = event.currentTarget;
+    const buyer = form.elements.buyer_id.value.trim();
+    const client = form.elements.client.value.trim();
+    const until = form.elements.expires_at.value ? new Date(form.elements.expires_at.value) : null;
+    if (!until || Number.isNaN(until.getTime())) {
+      alertError("Choose until when the offer holds the asset.");
+      $("offer-until").focus();
+      return;
+    }
+    const body = { buyer_id: buyer, client, expires_at: until.toISOString() };
+    await runAction($("offer-submit"), async () => {
+      let result;
+      try {
+        result = await act(`offer:${asset.id}`, "POST", OFFER_PATH, { asset_id: asset.id }, body);
+      } catch (error) {
+        if (mayHaveActed(error)) throw new Error(`${error.message} Press Make the offer again to retry: the same request is sent, so the asset is held once.`);
+        if (problemCode(error) === "ASSET_UNAVAILABLE") {
+          throw new Error(`${asset.id} was not offered: it is ${error.problem.asset_status || "no longer available"} (409 ASSET_UNAVAILABLE).`);
+        }
+        throw error;
+      }
+      notify(`${asset.id} is held for ${result?.buyer_id || buyer} until ${localTime(result?.expires_at || body.expires_at)}.`);
+      form.reset();
+    });
   }
 
   /** "1 Dec 2026, 09:00" and "opens in …" below it; "—" when no opening time is set. */
@@ -904,6 +1050,8 @@
     const d = event.data || {};
     switch (event.type) {
       case "reservation.held":
+        if (event.via === "offer") return `Offered to ${d.buyer_id ?? "a buyer"}: held until ${localTime(d.expires_at)}`;
+        if (event.via === "waitlist") return `Handed to ${d.buyer_id ?? "the first waiter"}, first in the waiting list: held until ${localTime(d.expires_at)}`;
         return `Held by ${d.buyer_id ?? "a buyer"} until ${localTime(d.expires_at)}`;
       case "reservation.committed":
         return `Committed: sold, payment ${d.payment_reference ?? "—"}`;
@@ -919,6 +1067,14 @@
         return "Withdrawn: off sale until reinstated";
       case "asset.reinstated":
         return "Reinstated: available again";
+      case "asset.updated":
+        return "Catalogue data changed (name, price or attributes)";
+      case "waitlist.skipped":
+        return `${d.buyer_id ?? "A waiter"} passed over in the waiting list: ${d.reason ?? "at the hold limit"}`;
+      case "waitlist.cleared": {
+        const n = (d.entries || []).length;
+        return `Waiting list cleared (${n} ${n === 1 ? "waiter" : "waiters"}): ${d.reason ?? "the asset is no longer for sale"}`;
+      }
       case "refund.requested":
         return `Refund requested for payment ${d.payment_reference ?? "—"} (${REASON_WORDS[d.reason] || d.reason || "refund"})`;
       case "refund.completed":
@@ -1071,7 +1227,7 @@
   async function start() {
     $("pause").addEventListener("click", togglePause);
     $("filters").addEventListener("submit", findAsset);
-    $("search").addEventListener("input", renderBoard);
+    $("search").addEventListener("input", onSearchInput);
     $("prev-page").addEventListener("click", () => {
       if (state.page === 0) return;
       state.page -= 1;
@@ -1098,6 +1254,7 @@
       setOpening(false, $("opening-set"));
     });
     $("opening-now").addEventListener("click", (e) => setOpening(true, e.currentTarget));
+    $("offer-form").addEventListener("submit", makeOffer);
     document.addEventListener("visibilitychange", onVisibility);
     setInterval(tickCountdowns, 250);
 
@@ -1110,6 +1267,8 @@
       state.canReinstate = hasOperation("POST", REINSTATE_PATH);
       state.canSetOpening = hasOperation("PATCH", ASSET_PATH);
       state.canVoid = hasOperation("POST", VOID_PATH);
+      state.canQueue = hasOperation("GET", WAITLIST_PATH);
+      state.canOffer = hasOperation("POST", OFFER_PATH);
     } catch (error) {
       alertError(`Could not read /openapi.json: ${failure(error)}`);
     }

@@ -2,7 +2,7 @@
 //! that pgbench runs exactly what the service runs.
 
 fn main() {
-    println!("{}", holdfast::store::postgres::HOLD_SNAPSHOT_SQL);
+    println!("{}", holdfast::store::HOLD_SNAPSHOT_SQL);
     println!("---");
-    println!("{}", holdfast::store::postgres::HOLD_SQL);
+    println!("{}", holdfast::store::HOLD_SQL);
 }

@@ -4,13 +4,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, FromArgMatches};
 
 use crate::domain::HoldBounds;
 pub use crate::http::LateCommit;
 use crate::keys::KeyRing;
 pub use crate::secret::Secret;
-use crate::store::{DatabaseUrl, SqliteSynchronous, StoreSettings};
+use crate::store::{DatabaseUrl, Policy, SqliteSynchronous, StoreSettings};
 pub use crate::telemetry::LogFormat;
 
 /// Every setting of the service. Each flag has a `HOLDFAST_*` variable.
@@ -55,6 +55,18 @@ pub struct Config {
         global = true
     )]
     pub late_commit: LateCommit,
+
+    /// How long the hold handed to the first waiter lasts, in seconds.
+    #[arg(long, env = "HOLDFAST_WAITLIST_HOLD_SECONDS", default_value_t = 900, global = true)]
+    pub waitlist_hold_seconds: i64,
+
+    /// The most buyers that may wait for one asset.
+    #[arg(long, env = "HOLDFAST_WAITLIST_MAX", default_value_t = 1000, global = true)]
+    pub waitlist_max: i64,
+
+    /// The longest an offer may last from its creation, in days.
+    #[arg(long, env = "HOLDFAST_OFFER_MAX_DAYS", default_value_t = 14, global = true)]
+    pub offer_max_days: i64,
 
     /// Seconds between janitor passes; 0 turns the janitor off.
     #[arg(long, env = "HOLDFAST_JANITOR_INTERVAL_SECONDS", default_value_t = 30, global = true)]
@@ -130,6 +142,10 @@ pub struct Config {
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "HOLDFAST_MAX_BODY_BYTES", default_value_t = 16 * 1024, global = true)]
     pub max_body_bytes: usize,
+
+    /// Largest body of `POST /v1/assets/batch`, in bytes.
+    #[arg(long, env = "HOLDFAST_MAX_BATCH_BODY_BYTES", default_value_t = 1024 * 1024, global = true)]
+    pub max_batch_body_bytes: usize,
 
     /// SQLite durability: `full` syncs the disk at every commit, so an
     /// answered write survives power loss; `normal` syncs at checkpoints
@@ -217,46 +233,18 @@ fn invalid(setting: &'static str, problem: impl Into<String>) -> ConfigError {
 }
 
 impl Config {
-    /// The settings a test or an embedding program starts from.
+    /// The settings a test or an embedding program starts from: every
+    /// default as its flag declares it (the environment is not read), with
+    /// this database.
     pub fn with_database(url: impl Into<String>) -> Self {
-        Self {
-            database_url: url.into(),
-            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            hold_seconds: 600,
-            hold_seconds_min: 30,
-            hold_seconds_max: 3600,
-            hold_max_total_seconds: 7200,
-            late_commit: LateCommit::Refund,
-            janitor_interval_seconds: 30,
-            janitor_batch: 500,
-            idempotency_retention_hours: 24,
-            event_retention_days: None,
-            webhook_url: None,
-            webhook_secret: None,
-            webhook_timeout_ms: 5000,
-            webhook_max_attempts: 15,
-            webhook_retry_base_ms: 2000,
-            webhook_retry_max_seconds: 3600,
-            dispatch_interval_ms: 500,
-            api_keys: None,
-            api_keys_file: None,
-            cors_origins: None,
-            max_holds_per_buyer: 5,
-            rate_limit_per_second: None,
-            rate_limit_burst: None,
-            max_body_bytes: 16 * 1024,
-            sqlite_synchronous: SqliteSynchronous::Full,
-            db_prepared_statements: true,
-            migration_database_url: None,
-            db_pool_size: 16,
-            db_acquire_timeout_ms: 2000,
-            db_statement_timeout_ms: 2500,
-            db_lock_timeout_ms: 1000,
-            db_timeout_ms: 3000,
-            shutdown_grace_seconds: 30,
-            workers: 0,
-            log_format: LogFormat::Text,
-        }
+        let flags = Self::augment_args(clap::Command::new("holdfast"))
+            .mut_args(|arg| arg.env(None::<&str>));
+        let mut config = flags
+            .try_get_matches_from(["holdfast"])
+            .and_then(|defaults| Self::from_arg_matches(&defaults))
+            .expect("every setting has a valid default");
+        config.database_url = url.into();
+        config
     }
 
     /// Checks every setting; the first bad one is named in the error.
@@ -375,6 +363,24 @@ impl Config {
         if self.max_body_bytes < 64 {
             return Err(invalid("HOLDFAST_MAX_BODY_BYTES", "must be at least 64"));
         }
+        if self.max_batch_body_bytes < self.max_body_bytes {
+            return Err(invalid(
+                "HOLDFAST_MAX_BATCH_BODY_BYTES",
+                "must be at least HOLDFAST_MAX_BODY_BYTES",
+            ));
+        }
+        if !(1..=86_400).contains(&self.waitlist_hold_seconds) {
+            return Err(invalid(
+                "HOLDFAST_WAITLIST_HOLD_SECONDS",
+                "must be from 1 to 86400",
+            ));
+        }
+        if !(1..=100_000).contains(&self.waitlist_max) {
+            return Err(invalid("HOLDFAST_WAITLIST_MAX", "must be from 1 to 100000"));
+        }
+        if !(1..=366).contains(&self.offer_max_days) {
+            return Err(invalid("HOLDFAST_OFFER_MAX_DAYS", "must be from 1 to 366"));
+        }
         if self.db_pool_size < 1 {
             return Err(invalid("HOLDFAST_DB_POOL_SIZE", "must be at least 1"));
         }
@@ -475,16 +481,15 @@ impl Config {
         let url = self
             .database()
             .map_err(|e| crate::store::StoreError::Config(e.to_string()))?;
-        crate::store::Store::open(&url, &self.store_settings()).await
+        let rendering = std::sync::Arc::new(crate::reply::Rendering);
+        crate::store::Store::open(&url, &self.store_settings(), rendering).await
     }
 
     pub fn api_settings(&self) -> crate::http::ApiSettings {
         crate::http::ApiSettings {
             hold_bounds: self.hold_bounds(),
-            hold_max_total_seconds: self.hold_max_total_seconds,
-            late_commit: self.late_commit,
-            max_live_holds: self.max_live_holds(),
             max_body_bytes: self.max_body_bytes,
+            max_batch_body_bytes: self.max_batch_body_bytes,
             cors_origins: self.cors_origins(),
         }
     }
@@ -516,6 +521,15 @@ impl Config {
             sqlite_synchronous: self.sqlite_synchronous,
             pg_prepared_statements: self.db_prepared_statements,
             migration_url: self.migration_database_url.clone(),
+            policy: Policy {
+                max_live_holds: self.max_live_holds(),
+                hold_max_total_seconds: self.hold_max_total_seconds,
+                accept_late_commits: self.late_commit == LateCommit::AcceptIfFree,
+                waitlist_hold_seconds: self.waitlist_hold_seconds,
+                waitlist_max: self.waitlist_max,
+                offer_max_seconds: self.offer_max_days.saturating_mul(86_400),
+                offer_min_seconds: self.hold_seconds_min,
+            },
         }
     }
 }

@@ -5,18 +5,32 @@
 use std::time::Duration;
 
 use crate::store::{Store, StoreResult, SweepReport};
-use crate::worker::Worker;
+use crate::worker::{Running, Worker};
 
 pub fn start(store: Store, every: Duration) -> Worker {
-    Worker::start("janitor", every, move || {
+    Worker::start("janitor", every, move |running: Running| {
         let store = store.clone();
-        async move { run_once(&store).await.map(drop).map_err(|e| e.to_string()) }
+        async move {
+            let going = move || running.going();
+            run_while(&store, &going)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
     })
 }
 
 /// One janitor pass.
 pub async fn run_once(store: &Store) -> StoreResult<SweepReport> {
-    let result = store.sweep().await;
+    run_while(store, &|| true).await
+}
+
+/// One janitor pass, ended after the batch under way once `go_on` says no.
+pub async fn run_while(
+    store: &Store,
+    go_on: &(dyn Fn() -> bool + Sync),
+) -> StoreResult<SweepReport> {
+    let result = store.sweep_while(go_on).await;
     let outcome = if result.is_ok() { "ok" } else { "error" };
     metrics::counter!("holdfast_janitor_runs_total", "result" => outcome).increment(1);
     let report = result?;

@@ -133,6 +133,18 @@ impl KeyRing {
         self.keys.is_empty()
     }
 
+    /// Whether `name` names a storefront client: a storefront key's name,
+    /// or in open mode the one open client.
+    pub fn is_storefront(&self, name: &str) -> bool {
+        match self.is_open() {
+            true => name == OPEN_MODE_NAME,
+            false => self
+                .keys
+                .iter()
+                .any(|k| k.name == name && k.role == Role::Storefront),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.keys.len()
     }

@@ -6,6 +6,7 @@
 pub mod config;
 pub mod domain;
 pub mod http;
+pub mod import;
 pub mod janitor;
 pub mod keys;
 pub mod outbox;

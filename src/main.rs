@@ -47,10 +47,45 @@ enum Command {
         path: std::path::PathBuf,
     },
     /// Check every invariant in the database; exit 1 when one is violated.
+    ///
+    /// Each check is one statement, a pass over the tables it reads; the
+    /// audit is not a request, so its statements may take up to its own
+    /// budget instead of HOLDFAST_DB_STATEMENT_TIMEOUT_MS. Each check's
+    /// verdict and time go to stderr as it ends.
     Audit {
         /// One JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// Longest time one check may take, in seconds.
+        #[arg(long, default_value_t = 900)]
+        budget_seconds: u64,
+    },
+    /// Load a catalogue from a CSV or JSON Lines file into the database.
+    ///
+    /// CSV: a header `id,name,price_amount,price_currency` and any `attr.KEY`
+    /// columns (the price columns and the attributes are optional; an empty
+    /// cell is absent). An attribute cell `true` or `false` is a boolean, a
+    /// whole number (`42`, `-7`; not `007`) an integer, anything else a
+    /// string. JSON Lines: one object per line, each the body of
+    /// `POST /v1/assets`, with typed attributes.
+    ///
+    /// Every row is checked as the API checks it. An id that exists is left
+    /// as it is, so running the same file again changes nothing. A bad row
+    /// stops the import with its line number; the batches before it stay.
+    Import {
+        /// The file (`-` for standard input).
+        path: std::path::PathBuf,
+        /// csv or jsonl; by default from the file's extension (.csv,
+        /// .jsonl, .ndjson).
+        #[arg(long, value_enum)]
+        format: Option<holdfast::import::Format>,
+        /// Rows per transaction.
+        #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        batch_size: u32,
+        /// Batches written at once on PostgreSQL, each on a connection of
+        /// its own (SQLite has one writer).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=16))]
+        writers: u8,
     },
     /// Manage API keys.
     Keys {
@@ -177,17 +212,41 @@ async fn run(cli: Cli) -> Result<(), String> {
             );
             Ok(())
         }
-        Command::Audit { json } => {
+        Command::Audit {
+            json,
+            budget_seconds,
+        } => {
+            let mut config = config;
+            let budget_ms = budget_seconds.saturating_mul(1000);
+            config.db_statement_timeout_ms = budget_ms;
+            config.db_timeout_ms = budget_ms;
             let store = open(&config).await?;
-            let events_since = match config.event_retention_days {
-                Some(days) => {
+            // Events the janitor may purge while the audit runs are not
+            // required: the retention's start as it will be at the budget's end
+            // (any budget or retention too long to count keeps every event).
+            let events_since = config
+                .event_retention_days
+                .and_then(|days| {
+                    let budget = chrono::Duration::try_seconds(budget_seconds.try_into().ok()?)?;
+                    let retention = chrono::Duration::try_days(days.try_into().ok()?)?;
                     chrono::Utc::now()
-                        - chrono::Duration::days(i64::try_from(days).unwrap_or(i64::MAX / 86_400))
-                }
-                None => chrono::DateTime::UNIX_EPOCH,
+                        .checked_add_signed(budget)?
+                        .checked_sub_signed(retention)
+                })
+                .unwrap_or(chrono::DateTime::UNIX_EPOCH);
+            let total = holdfast::store::audit_checks();
+            let done = std::sync::atomic::AtomicUsize::new(0);
+            let progress = |f: &holdfast::store::Finding, took: std::time::Duration| {
+                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                let verdict = if f.violations == 0 { "ok" } else { "violated" };
+                eprintln!(
+                    "audit [{n}/{total}] {}: {verdict} ({:.1} s)",
+                    f.name,
+                    took.as_secs_f64()
+                );
             };
             let findings = store
-                .audit(events_since)
+                .audit(events_since, &progress)
                 .await
                 .map_err(|e| holdfast::http::error::error_chain(&e))?;
             let violated = findings
@@ -221,6 +280,27 @@ async fn run(cli: Cli) -> Result<(), String> {
                     findings.len()
                 ))
             }
+        }
+        Command::Import {
+            path,
+            format,
+            batch_size,
+            writers,
+        } => {
+            let store = open(&config).await?;
+            store
+                .migrate()
+                .await
+                .map_err(|e| holdfast::http::error::error_chain(&e))?;
+            let options = holdfast::import::Options {
+                path,
+                format,
+                batch_size: batch_size as usize,
+                writers: usize::from(writers),
+            };
+            let summary = holdfast::import::run(&store, &options).await?;
+            println!("imported into {}: {summary}", store.describe());
+            Ok(())
         }
         Command::Keys {
             command: KeysCommand::New { name, role },
@@ -260,8 +340,8 @@ async fn run(cli: Cli) -> Result<(), String> {
             loop {
                 let report = janitor::run_once(&store).await.map_err(|e| e.to_string())?;
                 println!(
-                    "expired {} holds, purged {} idempotency records",
-                    report.expired, report.purged_keys
+                    "expired {} holds, purged {} idempotency records and {} events",
+                    report.expired, report.purged_keys, report.purged_events
                 );
                 if once {
                     return Ok(());

@@ -85,7 +85,7 @@ impl Dispatcher {
     }
 
     pub fn start(self, every: Duration) -> Worker {
-        Worker::start("dispatcher", every, move || {
+        Worker::start("dispatcher", every, move |_| {
             let dispatcher = self.clone();
             async move {
                 dispatcher

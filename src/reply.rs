@@ -8,6 +8,7 @@ use crate::domain::{
     format_timestamp, Asset, AssetStatus, FieldError, Payment, PaymentOutcome, Refund,
     RefundReason, Reservation, Timestamp, WriteOutcome,
 };
+use crate::store::{Answer, Render, Rendered};
 
 /// An HTTP answer reduced to what idempotency stores: status, body, Location.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +41,49 @@ impl Reply {
             location,
             replayed: true,
         }
+    }
+}
+
+impl From<Rendered> for Reply {
+    /// A stored answer sent again: a stored 201 replays as 200.
+    fn from(stored: Rendered) -> Self {
+        Reply::replay(stored.status, stored.body, stored.location)
+    }
+}
+
+/// The answer the store keeps for a change, exactly as the client is
+/// answered: the store renders what it keeps with this, and the handlers
+/// answer the same outcome with [`answer`], so a replay is byte-identical.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rendering;
+
+impl Render for Rendering {
+    fn render(&self, kept: Answer<'_>) -> Rendered {
+        let reply = answer(kept);
+        Rendered {
+            status: reply.status,
+            body: reply.body,
+            location: reply.location,
+        }
+    }
+}
+
+/// The reply to an answer that a change keeps under its key.
+pub fn answer(kept: Answer<'_>) -> Reply {
+    match kept {
+        Answer::Held(reservation) => hold_created(reservation),
+        Answer::Changed(reservation) => reservation_ok(reservation),
+        Answer::Refused {
+            reason,
+            reservation,
+            refund,
+        } => commit_refused(reason, reservation, refund).into_reply(),
+        Answer::RefundCompleted(refund) => Reply::json(200, refund),
+        Answer::Waiting { entry, joined } => Reply::json(if joined { 201 } else { 200 }, entry),
+        Answer::Batch { created, unchanged } => Reply::json(
+            200,
+            &serde_json::json!({"created": created, "unchanged": unchanged}),
+        ),
     }
 }
 
@@ -92,6 +136,10 @@ error_codes! {
     PaymentReferenceUsed => 409, "PAYMENT_REFERENCE_USED";
     IdempotencyKeyInUse => 409, "IDEMPOTENCY_KEY_IN_USE";
     HoldLimitReached => 409, "HOLD_LIMIT_REACHED";
+    PaymentAmountMismatch => 409, "PAYMENT_AMOUNT_MISMATCH";
+    WaitlistNotOpen => 409, "WAITLIST_NOT_OPEN";
+    WaitlistFull => 409, "WAITLIST_FULL";
+    WaitlistEntryNotFound => 404, "WAITLIST_ENTRY_NOT_FOUND";
     SaleNotOpen => 409, "SALE_NOT_OPEN";
     HoldExtensionLimit => 409, "HOLD_EXTENSION_LIMIT";
     AssetHeld => 409, "ASSET_HELD";
@@ -189,18 +237,24 @@ pub fn reservation_ok(reservation: &Reservation) -> Reply {
 /// all get the same answer: each thread keeps its last rendering and reuses
 /// it while the asset's status and expiry are the same (a pure function of
 /// both, so never stale).
-pub fn asset_unavailable_reply(status: AssetStatus, hold_expires_at: Option<Timestamp>) -> Reply {
-    type Rendered = ((AssetStatus, Option<Timestamp>), Reply);
+pub fn asset_unavailable_reply(
+    status: AssetStatus,
+    hold_expires_at: Option<Timestamp>,
+    waitlist_length: i64,
+) -> Reply {
+    type Rendered = ((AssetStatus, Option<Timestamp>, i64), Reply);
     thread_local! {
         static LAST: std::cell::RefCell<Option<Rendered>> = const { std::cell::RefCell::new(None) };
     }
-    let key = (status, hold_expires_at);
+    let key = (status, hold_expires_at, waitlist_length);
     LAST.with(|last| {
         let mut last = last.borrow_mut();
         match &*last {
             Some((seen, reply)) if *seen == key => reply.clone(),
             _ => {
-                let reply = asset_unavailable(status, hold_expires_at).into_reply();
+                let reply = asset_unavailable(status, hold_expires_at)
+                    .with("waitlist_length", waitlist_length)
+                    .into_reply();
                 *last = Some((key, reply.clone()));
                 reply
             }
@@ -239,6 +293,11 @@ pub fn commit_refused(reason: RefundReason, reservation: &Reservation, refund: &
         RefundReason::SaleVoided => (
             ErrorCode::ReservationNotActive,
             "The sale was voided; the payment is to be refunded.",
+        ),
+        RefundReason::AmountMismatch => (
+            ErrorCode::PaymentAmountMismatch,
+            "The payment took less than the reservation's price, or another currency; it is to \
+                be refunded, and the hold stays until it lapses.",
         ),
     };
     Problem::new(code, message)
@@ -373,6 +432,30 @@ pub fn reservation_not_found() -> Problem {
     )
 }
 
+pub fn waitlist_entry_not_found() -> Problem {
+    Problem::new(
+        ErrorCode::WaitlistEntryNotFound,
+        "This buyer of this client is not waiting for this asset.",
+    )
+}
+
+pub fn waitlist_not_open(status: AssetStatus) -> Problem {
+    Problem::new(
+        ErrorCode::WaitlistNotOpen,
+        "Only an asset held by another buyer has a waiting list: hold an available asset \
+         instead; a sold or withdrawn one has no queue.",
+    )
+    .with("asset_status", status)
+}
+
+pub fn waitlist_full(max: i64) -> Problem {
+    Problem::new(
+        ErrorCode::WaitlistFull,
+        format!("At most {max} buyers may wait for one asset."),
+    )
+    .with("waitlist_max", max)
+}
+
 pub fn refund_not_found() -> Problem {
     Problem::new(ErrorCode::RefundNotFound, "No refund has this id.")
 }
@@ -433,8 +516,9 @@ mod tests {
             (AssetStatus::Sold, None),
             (AssetStatus::Held, Some(at)),
         ] {
-            let kept = asset_unavailable_reply(status, expiry);
-            assert_eq!(kept, asset_unavailable(status, expiry).into_reply());
+            let kept = asset_unavailable_reply(status, expiry, 2);
+            let fresh = asset_unavailable(status, expiry).with("waitlist_length", 2);
+            assert_eq!(kept, fresh.into_reply());
         }
     }
 

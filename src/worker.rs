@@ -1,11 +1,22 @@
 //! A background task that runs one pass every interval, and on stop lets the
-//! pass in progress finish.
+//! pass in progress finish: a pass that may run long (a janitor's purge)
+//! reads [`Running`] between its steps and ends early.
 
 use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+/// Whether the worker is still wanted: `false` once it is asked to stop.
+#[derive(Clone)]
+pub struct Running(watch::Receiver<bool>);
+
+impl Running {
+    pub fn going(&self) -> bool {
+        !*self.0.borrow()
+    }
+}
 
 pub struct Worker {
     stop: watch::Sender<bool>,
@@ -16,7 +27,7 @@ impl Worker {
     /// Runs `pass` every `every` until stopped. `name` labels its log lines.
     pub fn start<F, Fut>(name: &'static str, every: Duration, mut pass: F) -> Self
     where
-        F: FnMut() -> Fut + Send + 'static,
+        F: FnMut(Running) -> Fut + Send + 'static,
         Fut: Future<Output = Result<(), String>> + Send,
     {
         let (stop, mut stopped) = watch::channel(false);
@@ -28,7 +39,7 @@ impl Worker {
                     _ = ticker.tick() => {}
                     _ = stopped.changed() => break,
                 }
-                if let Err(e) = pass().await {
+                if let Err(e) = pass(Running(stopped.clone())).await {
                     tracing::warn!(worker = name, error = %e, "pass failed; retrying next \
                         interval");
                 }

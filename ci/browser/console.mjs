@@ -6,7 +6,9 @@
 // real API (a held one only after confirming, which releases the hold),
 // explains the ASSET_HELD and ASSET_SOLD conflicts of a stale page, voids a
 // sale from its timeline (a retry after no answer sends the same
-// Idempotency-Key), shows and sets when a sale opens, stops polling while
+// Idempotency-Key), shows and sets when a sale opens, shows prices,
+// attributes and waiting lists, lists the ids that start with what is typed,
+// makes an offer to a named buyer from a timeline, stops polling while
 // hidden, passes a basic accessibility check, and never requests anything
 // from another origin. Screenshots: target/console.png (1280x800) and
 // target/console-phone.png (375x812).
@@ -42,6 +44,9 @@ class CheckFailed extends Error {}
 
 const base = (process.env.HOLDFAST_URL ?? "").trim().replace(/\/+$/, "");
 const token = (process.env.HOLDFAST_TOKEN ?? "").trim();
+// The storefront an offer is made for: a configured storefront key's name,
+// or "-" in open mode.
+const offerClient = (process.env.HOLDFAST_OFFER_CLIENT ?? "-").trim();
 if (base === "") {
   console.error("console: set HOLDFAST_URL, e.g. HOLDFAST_URL=http://127.0.0.1:8080");
   process.exit(2);
@@ -99,7 +104,12 @@ async function checkConsole() {
   const lots = [
     { id: `EQ-88392-${run}`, name: "Caterpillar 320 excavator" },
     { id: `LOT-17-${run}`, name: "Oil on canvas, harbour at dusk" },
-    { id: `PL-AB123-${run}`, name: "Licence plate AB 123" },
+    {
+      id: `PL-AB123-${run}`,
+      name: "Licence plate AB 123",
+      price: { amount: 1500000000, currency: "IDR" },
+      attributes: { region: "AB", digits: 3, premium: true },
+    },
     { id: `SOFA-${run}`, name: "Lounge chair and ottoman" },
     { id: `CLK-${run}`, name: "Longcase clock, walnut" },
     { id: `VASE-${run}`, name: "Celadon vase" },
@@ -467,6 +477,80 @@ async function checkConsole() {
     await page.getByRole("button", { name: "Set the opening time", exact: true }).click();
     await expectText(row(bell).locator(".cell-status time.opens"), "opens in 2 h", `${bell} opens in about three hours`);
 
+    say("prices and attributes on the board");
+    await expectText(row(plate).locator(".cell-price"), "15,000,000", `${plate} shows its price`);
+    await expectText(row(plate).locator(".cell-price"), "IDR", `${plate} shows its currency`);
+    await expectText(row(plate).locator(".cell-name .attrs"), "digits: 3 · premium · region: AB", `${plate} shows its attributes`);
+    if ((await row(sofa).locator(".cell-name .attrs").count()) !== 0) throw new CheckFailed("an asset without attributes shows some");
+
+    say("the board lists the ids that start with what is typed");
+    await page.locator("#timeline-close").click();
+    await page.getByLabel("Id starts with", { exact: true }).fill(`PL-AB1`);
+    await page.waitForFunction(
+      (id) => {
+        const shown = [...document.querySelectorAll("#asset-rows tr")];
+        return shown.length === 1 && shown[0].dataset.id === id;
+      },
+      plate,
+      { timeout: WAIT_MS },
+    ).catch(async () => {
+      const ids = await page.locator("#asset-rows tr").evaluateAll((trs) => trs.map((tr) => tr.dataset.id));
+      throw new CheckFailed(`the prefix PL-AB1 shows ${ids.join(", ") || "nothing"}, expected ${plate} alone`);
+    });
+    await expectText(page.locator("#assets-caption"), "ids starting with “PL-AB1”", "the caption names the prefix");
+    if (!requests.some((r) => r.url.pathname === "/v1/assets" && r.url.searchParams.get("id_prefix") === "PL-AB1")) {
+      throw new CheckFailed("the prefix was not sent to the API as id_prefix");
+    }
+    await page.getByLabel("Id starts with", { exact: true }).fill("");
+    await row(excavator).waitFor({ timeout: WAIT_MS }).catch(() => {
+      throw new CheckFailed("clearing the prefix did not bring every asset back");
+    });
+
+    say("a held asset's waiting list: its length on the board, its queue in the timeline");
+    const queued = `Q-${run}`;
+    await expectStatus("POST", "/v1/assets", { id: queued, name: "Plate B 1 Q" }, undefined, [201]);
+    await expectStatus("POST", `/v1/assets/${queued}/reservations`, { buyer_id: "buyer-q0", hold_seconds: 600 }, randomUUID(), [201]);
+    for (const buyer of ["buyer-q1", "buyer-q2"]) {
+      await expectStatus("POST", `/v1/assets/${queued}/waitlist`, { buyer_id: buyer }, randomUUID(), [201]);
+    }
+    await expectText(row(queued).locator(".cell-status .waiting"), "2 waiting", `${queued} shows two waiting`);
+    await row(queued).locator("button.asset-link").click();
+    await page.waitForFunction(() => document.querySelectorAll("#queue li").length === 2, null, { timeout: WAIT_MS }).catch(() => {
+      throw new CheckFailed("the timeline does not list the two waiters");
+    });
+    const waiters = await page.locator("#queue li .queue-buyer").allTextContents();
+    if (waiters.join() !== "buyer-q1,buyer-q2") throw new CheckFailed(`the queue reads ${waiters.join(", ")}, expected buyer-q1, buyer-q2`);
+    await expectText(page.locator("#queue li").nth(0), "1.", "the first waiter is first");
+    if (!(await page.locator("#offer-form").isHidden())) throw new CheckFailed("a held asset offers an offer");
+    await page.locator("#timeline-close").click();
+
+    say("an offer to a named buyer from the timeline");
+    const offered = `OFF-${run}`;
+    await expectStatus("POST", "/v1/assets", { id: offered, name: "Plate D 7 OFF", price: { amount: 250000, currency: "EUR" } }, undefined, [201]);
+    await row(offered).waitFor({ timeout: WAIT_MS }).catch(() => {
+      throw new CheckFailed(`the row of ${offered} did not appear`);
+    });
+    await row(offered).locator("button.asset-link").click();
+    const offerBuyer = page.getByLabel("Buyer", { exact: true });
+    await offerBuyer.waitFor({ timeout: WAIT_MS }).catch(() => {
+      throw new CheckFailed("the timeline of an available asset offers no offer form");
+    });
+    await offerBuyer.fill("applicant-12");
+    await page.getByLabel("Storefront", { exact: true }).fill(offerClient);
+    const inFiveDays = await localValue(5 * 24 * 3600 * 1000);
+    await page.getByLabel("Held until", { exact: true }).fill(inFiveDays.value);
+    await page.getByRole("button", { name: "Make the offer", exact: true }).click();
+    await expectText(page.locator("#notice"), `${offered} is held for applicant-12`, "the offer is confirmed");
+    await expectText(statusOf(offered), "HELD", `${offered} turns HELD`);
+    const offer = (await expectStatus("GET", `/v1/reservations?asset_id=${offered}&status=HELD`, undefined, undefined, [200])).items?.[0];
+    if (!offer || offer.via !== "offer" || offer.buyer_id !== "applicant-12" || Date.parse(offer.expires_at) !== Date.parse(inFiveDays.iso)) {
+      throw new CheckFailed(`the offer's hold reads ${JSON.stringify(offer)}`);
+    }
+    await page.waitForFunction(() => document.querySelectorAll("#events li").length >= 1, null, { timeout: WAIT_MS }).catch(() => {
+      throw new CheckFailed("the timeline did not list the offer");
+    });
+    await expectText(page.locator("#events li").nth(0), "Offered to applicant-12", "the offer reads plainly in the timeline");
+
     say("accessibility basics");
     const a11y = await page.evaluate(() => {
       const issues = [];
@@ -572,7 +656,7 @@ async function checkConsole() {
     const realProblems = problems.filter((p) => !/409 \(Conflict\)|net::ERR_CONNECTION_RESET/.test(p));
     if (realProblems.length > 0) throw new CheckFailed(`the page reported:\n  ${realProblems.join("\n  ")}`);
 
-    return `console OK against ${base}: rows turned HELD (countdown ${first}s then ${second}s), SOLD, WITHDRAWN and AVAILABLE again without a reload, a held asset withdrawn after confirming (hold RELEASED), conflicts explained, a sale voided with one Idempotency-Key across a retry, opening times shown and set, refunds and timelines shown, ${requests.length} requests all to ${origin}, screenshots in ${shotDir}`;
+    return `console OK against ${base}: prices and attributes shown, the board filtered by id prefix, two waiters shown in order, an offer made from the page (HELD via offer), rows turned HELD (countdown ${first}s then ${second}s), SOLD, WITHDRAWN and AVAILABLE again without a reload, a held asset withdrawn after confirming (hold RELEASED), conflicts explained, a sale voided with one Idempotency-Key across a retry, opening times shown and set, refunds and timelines shown, ${requests.length} requests all to ${origin}, screenshots in ${shotDir}`;
   } finally {
     await browser.close();
   }

@@ -235,20 +235,53 @@ def nothing_answered_while_db_down(ev):
                    f"PostgreSQL was stopped")
 
 
+# The requests that create something: 201 when they act.
+CREATES = ("hold", "offer", "join")
+
+
+def created_by(ev):
+    """reservation id -> the Idempotency-Keys whose hold made it: answered
+    201 with it, or replayed that answer."""
+    made = collections.defaultdict(set)
+    for op in ev.ops:
+        for a in op.attempts:
+            if op.kind == "hold" and (a.status == 201 or a.status == 200 and a.replayed):
+                made[body_of(a).get("reservation_id")].add(op.key)
+    return made
+
+
+def own_hold(op, a, made):
+    """Whether a hold's 200 is the buyer's own live hold (a second tab)
+    rather than something this hold did: the buyer's, HELD, made before
+    the answer, by another request's 201, the queue or an offer."""
+    body = body_of(a)
+    created = parse_ts(body.get("created_at"))
+    rid = body.get("reservation_id")
+    by_another = bool(made.get(rid, set()) - {op.key}) or body.get("via") is not None
+    return (body.get("buyer_id") == op.meta["buyer_id"] and body.get("status") == "HELD"
+            and created is not None and a.t1 is not None and created < a.t1 + TS_EPS
+            and by_another)
+
+
 @check("retries_never_act_twice",
        "Per Idempotency-Key, every 2xx and every 409 with a refund is the same answer about "
        "the same reservation; a replay is the original byte for byte; once acknowledged, a "
-       "retry answers nothing else; only answers that changed something are replayed; a hold "
-       "is 201 when it acts and 200 only as a replay.")
+       "retry answers nothing else; only answers that changed something are replayed; a hold, "
+       "an offer and a join are 201 when they act and 200 only as a replay (or, for a hold, "
+       "with the buyer's own live hold, made by another request before it answered).")
 def retries_never_act_twice(ev):
+    made = created_by(ev)
     for op in ev.ops:
         if op.key is None:
             continue
         for a in op.attempts:
-            if op.kind == "hold" and (a.status == 200 and not a.replayed
-                                      or a.status == 201 and a.replayed):
-                yield (f"hold key={op.key} answered {a.status} with "
-                       f"Idempotent-Replayed={a.replayed}")
+            if op.kind not in CREATES or not (a.status == 200 and not a.replayed
+                                              or a.status == 201 and a.replayed):
+                continue
+            if a.status == 200 and op.kind == "hold" and own_hold(op, a, made):
+                continue
+            yield (f"{op.kind} key={op.key} answered {a.status} with "
+                   f"Idempotent-Replayed={a.replayed}")
         goods = [a for a in op.attempts if a.good]
         if not goods:
             continue
@@ -262,11 +295,11 @@ def retries_never_act_twice(ev):
             else:
                 rid = (body.get("reservation") or {}).get("reservation_id")
                 outcomes.add((a.code, rid, rf.get("refund_id") if rf else None))
-            if op.kind != "hold" and rid != op.meta["rid"]:
+            if "rid" in op.meta and rid != op.meta["rid"]:
                 yield f"{op.kind} of {op.meta['rid']} answered about reservation {rid}"
         if len(outcomes) > 1:
             yield f"{op.kind} key={op.key} got different answers: {sorted(outcomes, key=str)}"
-        if op.kind == "hold" and sum(1 for a in goods if a.status == 201) > 1:
+        if op.kind in CREATES and sum(1 for a in goods if a.status == 201) > 1:
             yield f"hold key={op.key} created more than once (several 201)"
         replays = {a.raw for a in goods if a.replayed}
         originals = {a.raw for a in goods if not a.replayed}
@@ -303,13 +336,13 @@ def fates_in_db(ev):
     own = collections.defaultdict(list)
     for r in ev.db["reservations"]:
         if r["status"] in ("COMMITTED", "VOIDED") and r["payment_reference"] is not None:
-            fates[(r["payment_scope"], r["payment_reference"])].append(("BOUGHT", r["id"], None))
+            fates[(r["payment_client"], r["payment_reference"])].append(("BOUGHT", r["id"], None))
     for rf in ev.db["refunds"]:
         r = ev.res_db.get(rf["reservation_id"]) or {}
-        key = (rf["payment_scope"], rf["payment_reference"])
+        key = (rf["payment_client"], rf["payment_reference"])
         if rf["reason"] == "SALE_VOIDED" and r.get("status") == "VOIDED" and \
                 r.get("payment_reference") == rf["payment_reference"] and \
-                r.get("payment_scope") == rf["payment_scope"]:
+                r.get("payment_client") == rf["payment_client"]:
             own[key].append(rf)
         else:
             fates[key].append(("REFUNDED", rf["reservation_id"], rf["id"]))
@@ -350,10 +383,10 @@ def payments_table_records_fates(ev):
         if key not in fates:
             yield (f"payments row {key} ({row['reservation_id']}, refund {row['refund_id']}) "
                    f"with no sale or refund of it")
-    scopes = collections.Counter(p["scope"] for p in ev.db["payments"])
-    scopes.update(r["payment_scope"] for r in ev.db["reservations"]
+    scopes = collections.Counter(p["client"] for p in ev.db["payments"])
+    scopes.update(r["payment_client"] for r in ev.db["reservations"]
                   if r["payment_reference"] is not None)
-    scopes.update(rf["payment_scope"] for rf in ev.db["refunds"])
+    scopes.update(rf["payment_client"] for rf in ev.db["refunds"])
     for scope, n in scopes.items():
         if scope != "-":
             yield f"{n} payment rows with scope {scope!r} (open mode: '-')"
@@ -605,9 +638,9 @@ def voids_refund_as_asked(ev):
 
 
 @check("acknowledged_holds_exist",
-       "Every hold acknowledged (201, or 200 as a replay) is a reservation in the database "
-       "that reads back with its asset and buyer; the database has no reservation nobody was "
-       "told about.")
+       "Every hold and offer acknowledged (201, or 200 as a replay) is a reservation in the "
+       "database that reads back with its asset and buyer; the database has no reservation "
+       "nobody was told about but the holds that hand-offs gave to waiters.")
 def acknowledged_holds_exist(ev):
     for rid, a in sorted(ev.unread.items()):
         if rid in ev.held:
@@ -618,10 +651,11 @@ def acknowledged_holds_exist(ev):
                   or s.get("buyer_id") != op.meta["buyer_id"]):
             yield (f"{rid}: GET shows asset {s.get('asset_id')} buyer {s.get('buyer_id')}, "
                    f"hold was for {op.meta}")
-    if len(ev.res_db) != len(ev.hold_keys_ok):
-        yield (f"{len(ev.res_db)} reservations in the database, {len(ev.hold_keys_ok)} hold "
-               f"keys acknowledged with 201/200")
-    for rid in sorted(set(ev.res_db) - set(ev.held))[:50]:
+    asked = len(ev.res_db) - len(ev.handed)
+    if asked != len(ev.hold_keys_ok):
+        yield (f"{asked} reservations in the database besides {len(ev.handed)} hand-offs, "
+               f"{len(ev.hold_keys_ok)} hold and offer keys acknowledged with 201/200")
+    for rid in sorted(set(ev.res_db) - set(ev.held) - set(ev.handed))[:50]:
         yield f"reservation {rid} in the database was never acknowledged"
     for rid in sorted(set(ev.held) - set(ev.res_db))[:50]:
         yield f"acknowledged hold {rid} is not in the database"
@@ -1019,6 +1053,85 @@ def holds_say_why_not(ev):
 
 
 # --------------------------------------------------------------------------
+# Waiting lists
+# --------------------------------------------------------------------------
+
+
+def queue_replay(ev):
+    """Each asset's holds in its own order, with the waiters the events say
+    had left the queue before each: [(asset, event, gone)], where gone is
+    the set of waiters handed the asset, passed over or cleared before it."""
+    out, gone, asset = [], set(), None
+    for e in ev.db["queue_events"]:
+        if e["asset_id"] != asset:
+            asset, gone = e["asset_id"], set()
+        d = e["data"]
+        if e["type"] == "reservation.held":
+            out.append((asset, e, frozenset(gone)))
+            if e["via"] == "waitlist":
+                gone.add(d.get("buyer_id"))
+        elif e["type"] == "waitlist.skipped":
+            gone.add(d.get("buyer_id"))
+        elif e["type"] == "waitlist.cleared":
+            gone.update(x.get("buyer_id") for x in d.get("entries") or [])
+    return out
+
+
+@check("nobody_jumps_the_queue",
+       "No hold or offer was made, by anyone outside the queue, while a waiter was queued: for "
+       "every hold or offer acknowledged, no waiter of that asset had its join acknowledged "
+       "before the request was sent while neither asking to leave before it was answered nor "
+       "being handed the asset, passed over or cleared (events, in the asset's order) before "
+       "it.")
+def nobody_jumps_the_queue(ev):
+    waiters = collections.defaultdict(list)
+    for (asset, waiter), (_, acked) in ev.joins.items():
+        if acked is not None:
+            waiters[asset].append((waiter, acked))
+    for asset, e, gone in queue_replay(ev):
+        if e["via"] == "waitlist":
+            continue
+        op = ev.held.get(e["data"].get("reservation_id"))
+        if op is None:
+            continue
+        sent, done = span(op)
+        for waiter, acked in waiters.get(asset, []):
+            if acked < sent and waiter not in gone and \
+                    ev.leaves.get((asset, waiter), math.inf) > done:
+                yield (f"{what(op)}: {e['data'].get('reservation_id')} held {asset} for "
+                       f"{e['data'].get('buyer_id')} (event {e['sequence']}) while {waiter}, "
+                       f"queued at {iso(acked)}, was still waiting")
+
+
+@check("hand_offs_follow_the_queue",
+       "Every hold a hand-off gave went to a buyer that had asked to queue for that asset, "
+       "once, and never past a waiter whose join was acknowledged before that buyer's was sent "
+       "and who had neither asked to leave nor been handed the asset, passed over or cleared.")
+def hand_offs_follow_the_queue(ev):
+    seen = collections.Counter()
+    for asset, e, gone in queue_replay(ev):
+        if e["via"] != "waitlist":
+            continue
+        buyer = e["data"].get("buyer_id")
+        seen[(asset, buyer)] += 1
+        if (asset, buyer) not in ev.joins:
+            yield f"{asset} handed to {buyer} (event {e['sequence']}), who never asked to queue"
+            continue
+        sent, _ = ev.joins[(asset, buyer)]
+        for (a, waiter), (_, acked) in ev.joins.items():
+            if a == asset and acked is not None and acked < sent and waiter not in gone \
+                    and (asset, waiter) not in ev.leaves:
+                yield (f"{asset} handed to {buyer} (event {e['sequence']}) past {waiter}, "
+                       f"queued before it and still waiting")
+    for (asset, buyer), n in seen.items():
+        if n > 1:
+            yield f"{asset} handed to {buyer} {n} times"
+    for rid, r in ev.handed.items():
+        if (r["asset_id"], r["buyer_id"]) not in ev.joins:
+            yield f"{rid}: a hand-off's hold for {r['buyer_id']}, who never queued"
+
+
+# --------------------------------------------------------------------------
 # Reading: listings and timelines
 # --------------------------------------------------------------------------
 
@@ -1077,8 +1190,8 @@ NEVER_ACTED = {"reservation.held", "reservation.committed", "reservation.expired
 @check("timelines_agree",
        "An asset's timeline, read page by page, is its events in the database in sequence "
        "order 1, 2, 3 … (plus expiries written since), in as many pages as its limit makes; "
-       "voids, withdrawals and reinstatements name their actor ('-' in open mode), holds, "
-       "sales, expiries and extensions none.")
+       "voids, withdrawals, reinstatements and offers name their actor ('-' in open mode), "
+       "other holds, sales, expiries and extensions none.")
 def timelines_agree(ev):
     for (aid, limit), items, error, pages in ev.timelines:
         if error:
@@ -1096,6 +1209,10 @@ def timelines_agree(ev):
                    f"difference at {diff}: {api[diff:diff + 1]} vs {db[diff:diff + 1]}")
         if pages != max(1, math.ceil(len(items) / limit)):
             yield f"timeline of {aid}: {len(items)} events in {pages} pages of {limit}"
-        for seq, kind, actor in api:
-            if kind in ACTED and actor != "-" or kind in NEVER_ACTED and actor is not None:
+        for it in items:
+            seq, kind, actor = it.get("sequence"), it.get("type"), it.get("actor")
+            if kind == "reservation.held" and it.get("via") == "offer":
+                if actor != "-":
+                    yield f"timeline of {aid}: offer {seq} with actor {actor!r}"
+            elif kind in ACTED and actor != "-" or kind in NEVER_ACTED and actor is not None:
                 yield f"timeline of {aid}: event {seq} {kind} with actor {actor!r}"

@@ -276,6 +276,8 @@ class Instance:
             "HOLDFAST_HOLD_MAX_TOTAL_SECONDS": str(HOLD_MAX_TOTAL_SECONDS),
             "HOLDFAST_LATE_COMMIT": self.late_commit,
             "HOLDFAST_MAX_HOLDS_PER_BUYER": "0",
+            # A hand-off's hold lapses within the run, giving the next waiter its turn.
+            "HOLDFAST_WAITLIST_HOLD_SECONDS": "3",
             "RUST_LOG": "warn",
         })
         return env

@@ -26,6 +26,9 @@ UNEARNED = {
 EARNED_ANYWAY = {
     # A lookup may name a reference before it has a fate, or one never sent.
     ("get_payment", 404),
+    # A waiter may ask to leave after a hand-off, a sale or a withdrawal took
+    # it off the queue.
+    ("leave_waitlist", 404),
 }
 
 # Flows whose answer is known in advance, narrower than the document's.

@@ -8,6 +8,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
+import json
+import math
 import random
 import threading
 import time
@@ -154,20 +156,38 @@ class Evidence:
         return {
             "reservations": c.select(
                 "reservations",
-                ["id", "status", "payment_reference", "payment_scope", "asset_id", "buyer_id",
-                 "created_at", "expires_at", "committed_at", "released_at", "voided_at"],
+                ["id", "status", "payment_reference", "payment_client", "asset_id", "buyer_id",
+                 "created_at", "expires_at", "committed_at", "released_at", "voided_at", "via"],
                 ts=("created_at", "expires_at", "committed_at", "released_at", "voided_at")),
             "refunds": c.select(
-                "refunds", ["id", "reservation_id", "payment_reference", "payment_scope", "reason",
+                "refunds", ["id", "reservation_id", "payment_reference", "payment_client", "reason",
                             "created_at"], ts=("created_at",)),
             "payments": c.select(
-                "payments", ["scope", "reference", "reservation_id", "refund_id", "created_at"],
+                "payments", ["client", "reference", "reservation_id", "refund_id", "created_at"],
                 ts=("created_at",)),
             "assets": c.select("assets", ["id", "status", "current_reservation_id"]),
             "events": [dict(e, sequence=int(e["sequence"])) for e in c.select(
                 "events", ["asset_id", "sequence", "type", "actor", "created_at"],
                 ts=("created_at",))],
+            "queue_events": self.read_queue_events(),
         }
+
+    def read_queue_events(self):
+        """The holds, skips and clearings of every asset someone queued for,
+        with their data: what the queue checks replay in each asset's order."""
+        queued = sorted({op.meta["asset_id"] for op in self.ops_of("join")})
+        out = []
+        for i in range(0, len(queued), 500):
+            ids = ", ".join("'" + a.replace("'", "''") + "'" for a in queued[i:i + 500])
+            out += self.cluster.select(
+                "events", ["asset_id", "sequence", "type", "via", "data"],
+                where=f"WHERE asset_id IN ({ids}) AND type IN "
+                      "('reservation.held', 'waitlist.skipped', 'waitlist.cleared')")
+        for e in out:
+            e["sequence"] = int(e["sequence"])
+            e["data"] = json.loads(e["data"])
+            e["via"] = e["via"] or None
+        return sorted(out, key=lambda e: (e["asset_id"], e["sequence"]))
 
     def read_listings(self):
         """GET /v1/reservations by status, asset and buyer, every page."""
@@ -204,12 +224,16 @@ class Evidence:
 
     @functools.cached_property
     def held(self):
-        """rid -> the hold op acknowledged with it."""
+        """rid -> the hold (or offer) op acknowledged with it."""
         out = {}
-        for op in self.ops_of("hold"):
+        for op in self.ops_of("hold") + self.ops_of("offer"):
             for a in op.attempts:
                 if a.good and isinstance(a.body, dict) and a.body.get("reservation_id"):
-                    out[a.body["reservation_id"]] = op
+                    # The op that made it (201, or its replays), not a second
+                    # tab's hold answered 200 with it.
+                    rid = a.body["reservation_id"]
+                    if a.status == 201 or rid not in out:
+                        out[rid] = op
         return out
 
     @functools.cached_property
@@ -334,7 +358,7 @@ class Evidence:
     @functools.cached_property
     def fates_db(self):
         """(scope, pref) -> the payments table's row: its recorded fate."""
-        return {(p["scope"], p["reference"]): p for p in self.db["payments"]}
+        return {(p["client"], p["reference"]): p for p in self.db["payments"]}
 
     @functools.cached_property
     def fate_by_ref(self):
@@ -375,3 +399,29 @@ class Evidence:
         for evs in out.values():
             evs.sort(key=lambda e: e["sequence"])
         return out
+
+    @functools.cached_property
+    def handed(self):
+        """The reservations a hand-off made (via the waiting list): rid -> row."""
+        return {rid: r for rid, r in self.res_db.items() if r["via"] == "waitlist"}
+
+    @functools.cached_property
+    def joins(self):
+        """(asset_id, waiter) -> (first send, first acknowledgement or None) of
+        its join: each waiter is a fresh buyer that queues once."""
+        out = {}
+        for op in self.ops_of("join"):
+            acked = [a.t1 for a in op.attempts if a.status in (200, 201)]
+            out[(op.meta["asset_id"], op.meta["buyer_id"])] = (
+                op.attempts[0].t0, min(acked) if acked else None)
+        return out
+
+    @functools.cached_property
+    def leaves(self):
+        """(asset_id, waiter) -> when it first asked to leave."""
+        out = {}
+        for op in self.ops_of("leave"):
+            key = (op.meta["asset_id"], op.meta["buyer_id"])
+            out[key] = min(out.get(key, math.inf), op.attempts[0].t0)
+        return out
+

@@ -90,6 +90,8 @@ def figures(ev, load_seconds):
         "refunds_answered": len(ev.refunds_told),
         "refunds_db": len(ev.db["refunds"]),
         "reservations_db": len(ev.res_db),
+        "handed": len(ev.handed),
+        "skipped_or_cleared": sum(1 for e in ev.db["queue_events"] if e["type"] != "reservation.held"),
         "hold_keys_ok": len(ev.hold_keys_ok),
         "committed": len(ev.committed),
         "released": len(ev.released),
@@ -199,6 +201,8 @@ def print_summary(backend, cluster, threads, f, results):
               f"{f['voided_refund']} with refund), released {f['released']} "
               f"(+{f['forced_releases']} by forced withdrawals), assets created "
               f"{f['assets_created']}")
+        print(f"  waiting lists: {f['handed']} holds handed to waiters, "
+              f"{f['skipped_or_cleared']} queues cleared or waiters passed over")
         print(f"  extensions acknowledged {f['extended']} on {f['extended_res']} holds; "
               f"withdrawals certain for {f['withdrawn_intervals']} intervals, sale openings "
               f"for {f['gated_intervals']}")

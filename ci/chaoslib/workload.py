@@ -4,7 +4,10 @@ operators at once, against all instances, retrying blindly.
 Each thread loops: hold an asset, then commit it (at once, or late, past the
 hold's expiry), release it, extend it, or abandon it; void some sales and
 follow up on them; now and then withdraw and reinstate an asset, move a
-sale's opening, list reservations, or look a payment up. Payment references
+sale's opening, list reservations, or look a payment up; queue for an asset
+someone holds (fresh waiters, who sometimes leave, and who act on the hold a
+hand-off gives them once they find it), or, as an operator, offer an
+available asset to a named buyer. Payment references
 are mostly fresh, but some commits reuse one already sent for another
 reservation (a blind retry to the wrong reservation is a real client bug):
 one that bought or was refunded elsewhere, or one still in flight; and some
@@ -31,6 +34,10 @@ RATE_LIST = 0.012           # someone lists reservations (by asset, buyer, statu
 RATE_REINSTATE = 0.002      # an admin reinstates any asset (mostly: nothing to do)
 RATE_FANOUT = 0.010         # one payment reference sent to several holds at once
 RATE_LOOKUP = 0.010         # the payment system asks what became of a payment
+RATE_JOIN = 0.030           # a fresh buyer queues for an asset held a moment ago
+RATE_OFFER = 0.006          # an admin offers an asset to a named buyer for a few seconds
+P_LEAVE = 0.3               # a waiter leaves the queue a little later
+P_CLAIM = 0.6               # a waiter looks for the hold a hand-off gave it, and acts on it
 # After a hold, and after a sale.
 P_EXTEND = 0.08             # a chain of one to three extensions before deciding
 P_VOID_HELD = 0.012         # voiding a hold (not a sale): 409
@@ -111,6 +118,8 @@ class Context:
         self.deadline = deadline
         self.seed = seed
         self.ledger = Ledger()
+        # Assets held a moment ago: where queues form.
+        self.recently_held: collections.deque = collections.deque(maxlen=64)
         self.dups = 0
         self.lock = threading.Lock()
         self.intents = collections.Counter()
@@ -193,7 +202,65 @@ def hold(ctx, http_, rng, asset_id, buyer, first_port=None, intent="hold"):
     created_at = parse_ts(a.body.get("created_at"))
     if not rid or expires_at is None or created_at is None:
         return a, None
+    with ctx.lock:
+        ctx.recently_held.append(asset_id)
     return a, Res(rid, asset_id, buyer, created_at, expires_at)
+
+
+def res_of(asset_id, body):
+    """The Res of a reservation read or answered as `body`, or None."""
+    rid = body.get("reservation_id")
+    created_at = parse_ts(body.get("created_at"))
+    expires_at = parse_ts(body.get("expires_at"))
+    if not rid or created_at is None or expires_at is None:
+        return None
+    return Res(rid, asset_id, body.get("buyer_id"), created_at, expires_at)
+
+
+def offer(ctx, http_, rng, asset_id):
+    """An admin's offer of the asset to a fresh named buyer, lasting a few
+    seconds; the Res of the offer's hold when it was made."""
+    buyer = f"offeree-{uuid.uuid4().hex[:10]}"
+    payload = {"buyer_id": buyer, "client": "-",
+               "expires_at": iso(time.time() + rng.uniform(2.0, HOLD_SECONDS_MAX))}
+    op = ctx.new_op("offer", "POST", f"/v1/assets/{asset_id}/offers", payload, True,
+                    {"asset_id": asset_id, "buyer_id": buyer, "intent": "offer"})
+    a = perform(ctx.rec, http_, op, ctx.ports, rng=rng)
+    maybe_duplicate(ctx, http_, rng, op, a)
+    if a is None or a.status != 201 or not isinstance(a.body, dict):
+        return None
+    return res_of(asset_id, a.body)
+
+
+def join(ctx, http_, rng, asset_id):
+    """A fresh buyer queues for the asset; its id when it is queued."""
+    waiter = f"waiter-{uuid.uuid4().hex[:10]}"
+    op = ctx.new_op("join", "POST", f"/v1/assets/{asset_id}/waitlist", {"buyer_id": waiter},
+                    True, {"asset_id": asset_id, "buyer_id": waiter, "intent": "join"})
+    a = perform(ctx.rec, http_, op, ctx.ports, rng=rng)
+    maybe_duplicate(ctx, http_, rng, op, a)
+    return waiter if a is not None and a.status in (200, 201) else None
+
+
+def leave(ctx, http_, rng, asset_id, waiter):
+    """The waiter leaves the queue: 204, or 404 when a hand-off, a sale or a
+    withdrawal took it off first."""
+    op = ctx.new_op("leave", "DELETE", f"/v1/assets/{asset_id}/waitlist/{waiter}", None, False,
+                    {"asset_id": asset_id, "buyer_id": waiter, "intent": "leave"})
+    return perform(ctx.rec, http_, op, ctx.ports, rng=rng)
+
+
+def claim(ctx, http_, rng, asset_id, waiter):
+    """The waiter's live hold of the asset, as its shop would find it after
+    the hand-off's webhook: the Res, or None."""
+    query = urllib.parse.urlencode({"buyer_id": waiter, "asset_id": asset_id, "status": "HELD"})
+    op = ctx.new_op("claim", "GET", f"/v1/reservations?{query}", None, False,
+                    {"asset_id": asset_id, "buyer_id": waiter, "intent": "claim"})
+    a = perform(ctx.rec, http_, op, ctx.ports, rng=rng)
+    if a is None or a.status != 200 or not isinstance(a.body, dict):
+        return None
+    items = a.body.get("items") or []
+    return res_of(asset_id, items[0]) if items else None
 
 
 def commit(ctx, http_, rng, res, intent, pref=None):
@@ -498,6 +565,39 @@ def client(ctx: Context, tid: int):
         if w is not None and w.status == 200:
             defer(time.time() + rng.uniform(0.3, 3.0), reinstate, ctx, http_, rng, asset_id)
 
+    def queue_up():
+        """A fresh buyer queues for an asset held a moment ago; later it may
+        leave, or look for the hold a hand-off gave it and act on it."""
+        with ctx.lock:
+            held = list(ctx.recently_held)
+        if not held:
+            return
+        asset_id = rng.choice(held)
+        waiter = join(ctx, http_, rng, asset_id)
+        if waiter is None:
+            return
+        if rng.random() < P_LEAVE:
+            defer(time.time() + rng.uniform(0.1, 3.0), leave, ctx, http_, rng, asset_id, waiter)
+        elif rng.random() < P_CLAIM:
+            defer(time.time() + rng.uniform(1.0, 2 * HOLD_SECONDS_MAX), look_for_hand_off,
+                  asset_id, waiter, 3)
+
+    def look_for_hand_off(asset_id, waiter, tries):
+        res = claim(ctx, http_, rng, asset_id, waiter)
+        if res is not None:
+            decide(res)
+        elif tries > 1:
+            defer(time.time() + rng.uniform(1.0, 3.0), look_for_hand_off, asset_id, waiter,
+                  tries - 1)
+
+    def admin_offer():
+        asset_id = ctx.pool.pick(rng)
+        if asset_id is None:
+            return
+        res = offer(ctx, http_, rng, asset_id)
+        if res is not None:
+            decide(res)
+
     def admin_gate():
         asset_id = ctx.pool.pick(rng)
         if asset_id is None:
@@ -544,6 +644,14 @@ def client(ctx: Context, tid: int):
         x -= RATE_FANOUT
         if x < RATE_LOOKUP:
             lookup_payment(ctx, http_, rng)
+            continue
+        x -= RATE_LOOKUP
+        if x < RATE_JOIN:
+            queue_up()
+            continue
+        x -= RATE_JOIN
+        if x < RATE_OFFER:
+            admin_offer()
             continue
         asset_id = ctx.pool.pick(rng)
         if asset_id is None:

@@ -2,6 +2,7 @@ use serde::Serialize;
 use utoipa::openapi::schema::ObjectBuilder;
 use utoipa::ToSchema;
 
+use super::catalogue::{attributes_schema, metadata_schema, Attributes, Metadata, Price};
 use super::ids::{text_schema, AssetId, RefundId, ReservationId};
 use super::time::{serde_ts, Timestamp};
 
@@ -75,6 +76,7 @@ text_enum!(
         ReservationReleased => "RESERVATION_RELEASED",
         AlreadyCommitted => "ALREADY_COMMITTED",
         SaleVoided => "SALE_VOIDED",
+        AmountMismatch => "AMOUNT_MISMATCH",
     }
 );
 text_enum!(
@@ -104,6 +106,12 @@ pub enum EventType {
     AssetWithdrawn,
     #[serde(rename = "asset.reinstated")]
     AssetReinstated,
+    #[serde(rename = "asset.updated")]
+    AssetUpdated,
+    #[serde(rename = "waitlist.skipped")]
+    WaitlistSkipped,
+    #[serde(rename = "waitlist.cleared")]
+    WaitlistCleared,
 }
 
 text_enum!(@methods EventType {
@@ -117,7 +125,102 @@ text_enum!(@methods EventType {
     ReservationVoided => "reservation.voided",
     AssetWithdrawn => "asset.withdrawn",
     AssetReinstated => "asset.reinstated",
+    AssetUpdated => "asset.updated",
+    WaitlistSkipped => "waitlist.skipped",
+    WaitlistCleared => "waitlist.cleared",
 });
+
+impl Event {
+    /// A cleared queue as a storefront sees it: its own entries, without
+    /// the client's name (nothing at all if the data cannot be read).
+    fn cleared_for(mut self, viewer: &str) -> Self {
+        let seen = serde_json::from_str::<WaitlistCleared>(self.data.get())
+            .ok()
+            .map(|mut cleared| {
+                cleared
+                    .entries
+                    .retain(|e| e.client.as_deref() == Some(viewer));
+                for entry in &mut cleared.entries {
+                    entry.client = None;
+                }
+                cleared
+            });
+        self.data = serde_json::value::to_raw_value(&seen).unwrap_or_default();
+        self
+    }
+}
+
+/// How a hold was made when not by the buyer's own request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Via {
+    /// An admin's offer to a named buyer.
+    Offer,
+    /// Handed to the first waiter when the hold before it ended.
+    Waitlist,
+}
+
+impl Via {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Offer => "offer",
+            Via::Waitlist => "waitlist",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "offer" => Some(Via::Offer),
+            "waitlist" => Some(Via::Waitlist),
+            _ => None,
+        }
+    }
+}
+
+/// `waitlist.skipped`: a waiter passed over when the asset came to it.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, ToSchema)]
+pub struct WaitlistSkipped {
+    pub asset_id: String,
+    pub buyer_id: String,
+    /// Why it was passed over (it already had its most live holds).
+    pub reason: String,
+}
+
+/// `waitlist.cleared`: the queue emptied by a sale or a withdrawal.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, ToSchema)]
+pub struct WaitlistCleared {
+    pub asset_id: String,
+    /// `sold` or `withdrawn`.
+    pub reason: String,
+    /// Every waiter it had, in queue order (a storefront sees its own).
+    pub entries: Vec<ClearedEntry>,
+}
+
+/// One waiter of a cleared queue.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, ToSchema)]
+pub struct ClearedEntry {
+    pub buyer_id: String,
+    pub position: i64,
+    /// The client it waited for; shown to admins and payments clients.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+}
+
+/// A buyer waiting for an asset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct WaitlistEntry {
+    pub asset_id: String,
+    pub buyer_id: String,
+    /// 1 for the next buyer to get the asset; only ever decreases.
+    #[schema(minimum = 1)]
+    pub position: i64,
+    #[serde(serialize_with = "serde_ts::serialize")]
+    #[schema(value_type = String, format = DateTime)]
+    pub joined_at: Timestamp,
+    /// The client (API key name) it waits for; not shown.
+    #[serde(skip)]
+    pub client: String,
+}
 
 /// A one-of-a-kind asset as clients see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
@@ -126,6 +229,10 @@ pub struct Asset {
     pub id: String,
     #[schema(schema_with = Asset::name_schema)]
     pub name: String,
+    /// What it sells for; null when it has no price.
+    pub price: Option<Price>,
+    #[schema(schema_with = attributes_schema)]
+    pub attributes: Attributes,
     /// The effective status: a lapsed hold reads AVAILABLE.
     pub status: AssetStatus,
     /// Set while HELD.
@@ -142,6 +249,9 @@ pub struct Asset {
     /// Grows by one on every state change of the asset.
     #[schema(minimum = 1)]
     pub version: i64,
+    /// How many buyers wait for it (`GET /v1/assets/{asset_id}/waitlist`).
+    #[schema(minimum = 0)]
+    pub waitlist_length: i64,
     #[serde(serialize_with = "serde_ts::serialize")]
     #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
@@ -182,10 +292,16 @@ impl Asset {
         self
     }
 
-    /// Applies the expiry rule to a stored row read at `now`.
+    /// Applies the expiry rule to a stored row read at `now`. A lapsed hold
+    /// makes the asset AVAILABLE, unless buyers wait for it: then it is the
+    /// first waiter's as soon as the lapse is found (by the janitor or by the
+    /// next write), and until then it reads HELD with neither reservation nor
+    /// expiry.
     pub fn effective(mut self, now: Timestamp) -> Self {
         if self.status == AssetStatus::Held && self.hold_expires_at.is_none_or(|e| e <= now) {
-            self.status = AssetStatus::Available;
+            if self.waitlist_length == 0 {
+                self.status = AssetStatus::Available;
+            }
             self.hold_expires_at = None;
             self.current_reservation_id = None;
         }
@@ -221,13 +337,32 @@ pub struct Reservation {
     pub voided_at: Option<Timestamp>,
     /// Every refund triggered for this reservation, oldest first.
     pub refunds: Vec<Refund>,
-    /// The client (API key name) that created it; not shown.
+    /// The asset's price when the hold was made: the amount the buyer was
+    /// shown, whatever the asset's price became since. Null when it had none.
+    pub price: Option<Price>,
+    /// Given with the hold. Null for a client that does not own the
+    /// reservation (another storefront) and when none was given.
+    #[schema(schema_with = nullable_metadata)]
+    pub metadata: Option<Metadata>,
+    /// How it was made, when not by the buyer's own hold: `offer` (an
+    /// admin's offer to this buyer) or `waitlist` (handed to the first
+    /// waiter when the hold before it ended).
+    pub via: Option<Via>,
+    /// The client (API key name) that created it and owns it; not shown.
     #[serde(skip)]
-    pub owner: String,
-    /// The scope of `payment_reference`: the payments client that committed
-    /// it (`""` for sales recorded before scopes); not shown.
+    pub client: String,
+    /// The payments client that committed it with `payment_reference`
+    /// (references are its own; `""` for sales recorded before payments had
+    /// clients); not shown.
     #[serde(skip)]
-    pub payment_scope: Option<String>,
+    pub payment_client: Option<String>,
+}
+
+fn nullable_metadata() -> ObjectBuilder {
+    metadata_schema().schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+        utoipa::openapi::Type::Object,
+        utoipa::openapi::Type::Null,
+    ]))
 }
 
 fn reservation_id() -> ObjectBuilder {
@@ -235,17 +370,17 @@ fn reservation_id() -> ObjectBuilder {
 }
 
 impl Reservation {
-    /// A new hold of `asset` for `buyer`, made by client `owner` at `now`.
+    /// A new hold of `asset` for `buyer`, made by `client` at `now`, under
+    /// a new id.
     pub fn held(
-        id: String,
-        asset: &super::AssetId,
-        buyer: &super::BuyerId,
-        owner: &str,
+        asset: &impl std::fmt::Display,
+        buyer: &impl std::fmt::Display,
+        client: &str,
         now: Timestamp,
         expires_at: Timestamp,
     ) -> Self {
         Self {
-            reservation_id: id,
+            reservation_id: ReservationId::generate().to_string(),
             asset_id: asset.to_string(),
             buyer_id: buyer.to_string(),
             status: ReservationStatus::Held,
@@ -256,17 +391,20 @@ impl Reservation {
             payment_reference: None,
             voided_at: None,
             refunds: Vec::new(),
-            owner: owner.to_owned(),
-            payment_scope: None,
+            price: None,
+            metadata: None,
+            via: None,
+            client: client.to_owned(),
+            payment_client: None,
         }
     }
 
-    /// This live hold, sold at `now` for the payment `reference` of `scope`.
-    pub fn sold(mut self, now: Timestamp, scope: &str, reference: &str) -> Self {
+    /// This live hold, sold at `now` for the payment `reference` of `client`.
+    pub fn sold(mut self, now: Timestamp, client: &str, reference: &str) -> Self {
         self.status = ReservationStatus::Committed;
         self.committed_at = Some(now);
         self.payment_reference = Some(reference.to_owned());
-        self.payment_scope = Some(scope.to_owned());
+        self.payment_client = Some(client.to_owned());
         self
     }
 
@@ -307,16 +445,17 @@ pub struct Refund {
     #[serde(serialize_with = "serde_ts::option::serialize")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub completed_at: Option<Timestamp>,
-    /// The scope of `payment_reference` (see [`Reservation::payment_scope`]); not shown.
+    /// The payments client of `payment_reference` (see
+    /// [`Reservation::payment_client`]); not shown.
     #[serde(skip)]
-    pub payment_scope: String,
+    pub payment_client: String,
 }
 
 impl Refund {
-    /// A new refund request for `payment` (in `scope`) on `reservation`.
+    /// A new refund request for `payment` (of payments `client`) on `reservation`.
     pub fn requested(
         reservation: &Reservation,
-        scope: &str,
+        client: &str,
         payment: &str,
         reason: RefundReason,
         now: Timestamp,
@@ -330,7 +469,7 @@ impl Refund {
             status: RefundStatus::Requested,
             created_at: now,
             completed_at: None,
-            payment_scope: scope.to_owned(),
+            payment_client: client.to_owned(),
         }
     }
 }
@@ -392,26 +531,30 @@ pub struct Event {
     /// The reservation, refund or asset as the API showed it at that moment.
     /// A storefront sees an event about another client's reservation as an
     /// [`EventSummary`] instead: what happened to the asset, nothing more.
-    #[schema(value_type = EventData)]
+    #[schema(schema_with = event_data)]
     pub data: Box<serde_json::value::RawValue>,
     /// The API key that voided a sale, or withdrew or reinstated the asset
     /// (forcing a hold's release included); null for everything else.
     pub actor: Option<String>,
+    /// `reservation.held` of a hold made by an offer (`offer`) or handed to
+    /// the first waiter (`waitlist`); null for everything else.
+    pub via: Option<Via>,
     /// The client whose reservation this event reports (`None` for events
     /// about the asset alone); not shown.
     #[serde(skip)]
-    pub owner: Option<String>,
+    pub client: Option<String>,
 }
 
-/// What an event's `data` holds, by its type.
-#[derive(Serialize, ToSchema)]
-#[serde(untagged)]
-#[allow(dead_code)] // a document type: events carry their data as stored JSON
-pub enum EventData {
-    Reservation(Reservation),
-    Refund(Refund),
-    Asset(Asset),
-    Summary(EventSummary),
+/// `EventData`, the schema of an event's `data` (see `http::docs`).
+fn event_data() -> utoipa::openapi::Ref {
+    utoipa::openapi::schema::RefBuilder::new()
+        .ref_location_from_schema_name("EventData")
+        .description(Some(
+            "The reservation, refund or asset as the API showed it at that moment.\n\
+             A storefront sees an event about another client's reservation as an\n\
+             [`EventSummary`] instead: what happened to the asset, nothing more.",
+        ))
+        .build()
 }
 
 /// An event about another client's reservation, as a storefront sees it:
@@ -434,10 +577,13 @@ impl Event {
     /// reservation events as a summary.
     pub fn seen_by(mut self, viewer: Option<&str>) -> Self {
         let Some(viewer) = viewer else { return self };
-        let Some(owner) = &self.owner else {
+        if self.event_type == EventType::WaitlistCleared {
+            return self.cleared_for(viewer);
+        }
+        let Some(client) = &self.client else {
             return self;
         };
-        if owner == viewer {
+        if client == viewer {
             return self;
         }
         let hold_expires_at = match self.event_type {

@@ -29,3 +29,18 @@ pub(crate) mod serde_ts {
         }
     }
 }
+
+/// An RFC 3339 instant within the years 1 to 9999 once its offset is
+/// applied: what both databases store and every reader formats back.
+pub fn parse_instant(text: &str) -> Result<Timestamp, String> {
+    use chrono::Datelike;
+    let instant = chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|_| "must be an RFC 3339 date-time, e.g. 2026-12-01T09:00:00Z".to_owned())?;
+    if !(1..=9999).contains(&instant.year()) {
+        return Err(
+            "must lie between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC".to_owned(),
+        );
+    }
+    Ok(instant)
+}

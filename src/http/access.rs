@@ -27,6 +27,7 @@ use super::error::ApiError;
 use super::operations::{self, Rule};
 use crate::keys::{KeyRing, Role, OPEN_MODE_NAME};
 use crate::reply::ErrorCode;
+use crate::store::Client;
 
 /// The caller of a request, as the handlers see it.
 #[derive(Debug, Clone)]
@@ -45,9 +46,13 @@ impl Caller {
         }
     }
 
-    /// Storefronts see only their own reservations; everyone else sees all.
-    pub fn owner_filter(&self) -> Option<String> {
-        (self.role == Some(Role::Storefront)).then(|| self.name.clone())
+    /// The caller as the store sees it: storefronts see only their own
+    /// reservations; everyone else sees all.
+    pub fn client(&self) -> Client {
+        Client {
+            name: self.name.clone(),
+            own_only: self.role == Some(Role::Storefront),
+        }
     }
 }
 
@@ -106,6 +111,11 @@ pub struct Guard {
 }
 
 impl Guard {
+    /// The configured keys.
+    pub fn keys(&self) -> &KeyRing {
+        &self.keys
+    }
+
     pub fn new(keys: KeyRing, rate: Option<(u32, u32)>, api: &OpenApiDoc) -> Self {
         let limiter = rate.and_then(|(per_second, burst)| {
             let quota = Quota::per_second(NonZeroU32::new(per_second)?)
@@ -255,25 +265,6 @@ fn presented_token(value: &str) -> Option<(Scheme, String)> {
     (!token.is_empty()).then_some((scheme, token))
 }
 
-/// The challenge of a 401: pages a person opens in a browser invite HTTP
-/// Basic, so that the browser asks for the key.
-fn challenge(page: bool) -> &'static str {
-    if page {
-        r#"Basic realm="holdfast console", charset="UTF-8""#
-    } else {
-        "Bearer"
-    }
-}
-
-/// Adds the challenge to a 401.
-pub fn challenged(mut response: actix_web::HttpResponse, page: bool) -> actix_web::HttpResponse {
-    response.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static(challenge(page)),
-    );
-    response
-}
-
 /// Step one, in front of every route.
 pub async fn guard(
     req: ServiceRequest,
@@ -389,18 +380,12 @@ mod tests {
     }
 
     #[test]
-    fn console_pages_challenge_for_basic() {
-        assert!(challenge(true).starts_with("Basic realm="));
-        assert_eq!(challenge(false), "Bearer");
-    }
-
-    #[test]
     fn storefronts_see_only_their_own() {
         let shop = Caller {
             name: "shop".into(),
             role: Some(Role::Storefront),
         };
-        assert_eq!(shop.owner_filter().as_deref(), Some("shop"));
-        assert_eq!(Caller::open().owner_filter(), None);
+        assert_eq!(shop.client().own_filter(), Some("shop"));
+        assert_eq!(Caller::open().client().own_filter(), None);
     }
 }

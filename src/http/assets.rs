@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use actix_web::{get, patch, post, web};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use super::access::Caller;
@@ -11,28 +12,52 @@ use super::error::{respond, Answers, ApiError, ApiResult};
 use super::extract::{cursor_of, list_page, JsonBody, PageQuery, Validator};
 use super::paths::AssetPath;
 use super::State;
-use crate::domain::{Asset, AssetId, AssetStatus, Event, Timestamp};
+use crate::domain::{
+    attributes_from, attributes_patch_schema, attributes_schema, is_attribute_key, is_currency,
+    parse_instant, Asset, AssetId, AssetStatus, AttributeValue, Attributes, Event, FieldError,
+    Price,
+};
 use crate::reply::{self, ErrorCode, Problem, Reply};
-use crate::store::{AssetPage, ReinstateOutcome, WithdrawOutcome};
+use crate::store::{
+    AssetChange, AssetPage, ChangeOutcome, NewAsset, ReinstateOutcome, WithdrawOutcome,
+};
 
 /// A new asset.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAssetRequest {
     #[schema(schema_with = AssetId::schema)]
     pub id: String,
     #[schema(schema_with = Asset::name_schema)]
     pub name: String,
+    /// What it sells for.
+    pub price: Option<Price>,
+    #[schema(schema_with = attributes_schema)]
+    pub attributes: Option<Value>,
     /// When the sale opens (RFC 3339); holds before it answer 409 SALE_NOT_OPEN.
     #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-01T09:00:00Z")]
     #[serde(default)]
     pub available_from: Option<String>,
 }
 
-/// Changes to an asset: only when its sale opens, for now.
+/// Changes to an asset. `name`, `price` and `attributes` are catalogue
+/// data: changing them bumps no version, never touches a hold, and writes
+/// an `asset.updated` event; `attributes` is a JSON Merge Patch (a member
+/// set to null is removed, the others set, the rest kept) and `price: null`
+/// removes the price. `available_from` opens the sale later (or now, with
+/// null) and is a new version of the asset.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateAssetRequest {
+    #[schema(schema_with = Asset::name_schema)]
+    #[serde(default, deserialize_with = "present")]
+    pub name: Option<Option<String>>,
+    #[schema(value_type = Option<Price>)]
+    #[serde(default, deserialize_with = "present")]
+    pub price: Option<Option<Price>>,
+    #[schema(schema_with = attributes_patch_schema)]
+    #[serde(default, deserialize_with = "present")]
+    pub attributes: Option<Option<Value>>,
     /// When the sale opens (RFC 3339), or null to open it now.
     #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-01T09:00:00Z")]
     #[serde(default, deserialize_with = "present")]
@@ -54,23 +79,12 @@ pub struct WithdrawAssetRequest {
 pub struct ReinstateAssetRequest {}
 
 /// Tells a member given as null (`Some(None)`) from a missing one (`None`).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
-    Option::<String>::deserialize(d).map(Some)
-}
-
-/// An RFC 3339 instant within the years 1 to 9999 once its offset is
-/// applied: what both databases store and every reader formats back.
-fn parse_instant(text: &str) -> Result<Timestamp, String> {
-    use chrono::Datelike;
-    let instant = chrono::DateTime::parse_from_rfc3339(text)
-        .map(|t| t.with_timezone(&chrono::Utc))
-        .map_err(|_| "must be an RFC 3339 date-time, e.g. 2026-12-01T09:00:00Z".to_owned())?;
-    if !(1..=9999).contains(&instant.year()) {
-        return Err(
-            "must lie between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC".to_owned(),
-        );
-    }
-    Ok(instant)
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
 }
 
 fn parse_name(name: &str) -> Result<String, String> {
@@ -85,6 +99,42 @@ fn parse_name(name: &str) -> Result<String, String> {
         return Err("must not contain control characters".into());
     }
     Ok(name.to_owned())
+}
+
+/// A new asset as given at `field` (`""` for a body of its own), checked.
+pub fn new_asset(given: &CreateAssetRequest, field: &str, v: &mut Validator) -> Option<NewAsset> {
+    let at = |member: &str| match field {
+        "" => member.to_owned(),
+        _ => format!("{field}.{member}"),
+    };
+    let id = v.check(&at("id"), AssetId::parse(&given.id));
+    let name = v.check(&at("name"), parse_name(&given.name));
+    let available_from = match given.available_from.as_deref() {
+        Some(text) => v
+            .check(&at("available_from"), parse_instant(text))
+            .map(Some),
+        None => Some(None),
+    };
+    if let Some(price) = &given.price {
+        v.fields(|errors| price.check(&at("price"), errors));
+    }
+    let mut attributes = Attributes::new();
+    if let Some(given) = &given.attributes {
+        v.fields(|errors| {
+            let found = attributes_from(given, &at("attributes"), false, errors);
+            attributes = found
+                .into_iter()
+                .filter_map(|(key, value)| Some((key, value?)))
+                .collect();
+        });
+    }
+    Some(NewAsset {
+        id: id?,
+        name: name?,
+        price: given.price.clone(),
+        attributes,
+        available_from: available_from?,
+    })
 }
 
 /// Create an asset.
@@ -103,17 +153,12 @@ pub async fn create_asset(
     body: JsonBody<CreateAssetRequest>,
 ) -> ApiResult {
     let mut v = Validator::default();
-    let id = v.check("id", AssetId::parse(&body.value.id));
-    let name = v.check("name", parse_name(&body.value.name));
-    let available_from = match body.value.available_from.as_deref() {
-        Some(text) => v.check("available_from", parse_instant(text)).map(Some),
-        None => Some(None),
-    };
+    let asset = new_asset(&body.value, "", &mut v);
     v.finish()?;
-    let (Some(id), Some(name), Some(available_from)) = (id, name, available_from) else {
+    let Some(asset) = asset else {
         return Err(ApiError::new(ErrorCode::ValidationFailed, "invalid asset"));
     };
-    match state.store.create_asset(&id, &name, available_from).await? {
+    match state.store.create_asset(&asset).await? {
         Some(asset) => {
             let mut reply = Reply::json(201, &asset);
             reply.location = Some(format!("/v1/assets/{}", asset.id));
@@ -127,7 +172,7 @@ pub async fn create_asset(
     }
 }
 
-/// Set or clear when an asset's sale opens.
+/// Change an asset's name, price or attributes, or when its sale opens.
 #[utoipa::path(
     tag = "assets",
     params(AssetPath),
@@ -138,28 +183,69 @@ pub async fn create_asset(
 )]
 #[patch("/v1/assets/{asset_id}")]
 pub async fn update_asset(
-    _caller: Caller,
+    caller: Caller,
     state: State,
     asset: AssetPath,
     body: JsonBody<UpdateAssetRequest>,
 ) -> ApiResult {
     let id = asset.0;
+    let given = &body.value;
     let mut v = Validator::default();
-    let available_from = match &body.value.available_from {
-        Some(Some(text)) => v.check("available_from", parse_instant(text)).map(Some),
-        Some(None) => Some(None),
-        None => v.check("available_from", Err("is the member to change".to_owned())),
-    };
+    let mut change = AssetChange::default();
+    match &given.name {
+        Some(Some(name)) => change.name = v.check("name", parse_name(name)),
+        Some(None) => {
+            v.check::<()>("name", Err("an asset always has a name".to_owned()));
+        }
+        None => {}
+    }
+    if let Some(price) = &given.price {
+        if let Some(price) = price {
+            v.fields(|errors| price.check("price", errors));
+        }
+        change.price = Some(price.clone());
+    }
+    match &given.attributes {
+        Some(Some(attributes)) => v.fields(|errors| {
+            change.attributes = Some(attributes_from(attributes, "attributes", true, errors));
+        }),
+        Some(None) => {
+            v.check::<()>(
+                "attributes",
+                Err("must be an object; set a member to null to remove it".to_owned()),
+            );
+        }
+        None => {}
+    }
+    match &given.available_from {
+        Some(Some(text)) => {
+            change.available_from = v.check("available_from", parse_instant(text)).map(Some)
+        }
+        Some(None) => change.available_from = Some(None),
+        None => {}
+    }
+    if given.name.is_none()
+        && given.price.is_none()
+        && given.attributes.is_none()
+        && given.available_from.is_none()
+    {
+        v.fields(|errors| {
+            errors.push(FieldError::new(
+                "body",
+                "name, price, attributes or available_from is the member to change",
+            ))
+        });
+    }
     v.finish()?;
-    let Some(available_from) = available_from else {
-        return Err(ApiError::new(
-            ErrorCode::ValidationFailed,
-            "nothing to change",
-        ));
-    };
-    match state.store.set_available_from(&id, available_from).await? {
-        Some(asset) => Ok(respond(Reply::json(200, &asset))),
-        None => Err(reply::asset_not_found().into()),
+    match state.store.update_asset(&id, &change, &caller.name).await? {
+        ChangeOutcome::Changed(asset) => {
+            let asset = asset.seen_by(caller.client().own_filter());
+            Ok(respond(Reply::json(200, &asset)))
+        }
+        ChangeOutcome::TooManyAttributes(error) => {
+            Err(reply::validation_failed(vec![error]).into())
+        }
+        ChangeOutcome::NotFound => Err(reply::asset_not_found().into()),
     }
 }
 
@@ -245,7 +331,7 @@ pub async fn get_asset(caller: Caller, state: State, asset: AssetPath) -> ApiRes
     let id = asset.0;
     match state.store.get_asset(&id).await? {
         Some(asset) => {
-            let asset = asset.seen_by(caller.owner_filter().as_deref());
+            let asset = asset.seen_by(caller.client().own_filter());
             Ok(respond(Reply::json(200, &asset)))
         }
         None => Err(reply::asset_not_found().into()),
@@ -258,6 +344,17 @@ pub struct ListAssetsQuery {
     /// Only assets with this effective status.
     #[param(value_type = Option<AssetStatus>)]
     pub status: Option<String>,
+    /// Only assets whose id starts with this (exactly, case included): the
+    /// way a buyer looks for plates that start with `AB12`.
+    #[param(value_type = Option<String>, pattern = "^[A-Za-z0-9._-]{1,64}$", example = "AB12")]
+    pub id_prefix: Option<String>,
+    /// Only assets priced at most this amount (minor units) in `currency`,
+    /// which it needs.
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 1_000_000_000_000_000_i64)]
+    pub price_max: Option<String>,
+    /// The currency of `price_max`.
+    #[param(value_type = Option<String>, pattern = "^[A-Z]{3}$", example = "EUR")]
+    pub currency: Option<String>,
     #[serde(flatten)]
     #[param(ignore)]
     pub page: PageQuery<50>,
@@ -268,10 +365,20 @@ list_page! {
     AssetList { items: Vec<Asset> }
 }
 
-/// List assets in id order, optionally by effective status (keyset paging).
+/// List assets in id order (the bytes of the id), by effective status,
+/// id prefix, attributes and price; every filter combines with the others
+/// and with keyset paging, and each is served by an index.
 #[utoipa::path(
     tag = "assets",
-    params(ListAssetsQuery, PageQuery<50>),
+    params(
+        ListAssetsQuery,
+        ("attribute" = Option<Vec<String>>, Query, explode, style = Form,
+         description = "`KEY:VALUE`, repeatable; every one must match. A VALUE that reads as \
+             an integer or as `true`/`false` matches only that integer or boolean, one in \
+             double quotes only that string, any other VALUE that string.",
+         example = json!(["region:B", "digits:4"])),
+        PageQuery<50>
+    ),
     responses(
         (status = 200, description = "One page of assets", body = AssetList),
     )
@@ -281,6 +388,7 @@ pub async fn list_assets(
     caller: Caller,
     state: State,
     query: web::Query<ListAssetsQuery>,
+    request: actix_web::HttpRequest,
 ) -> ApiResult {
     let mut v = Validator::default();
     let status = v.optional(
@@ -288,6 +396,25 @@ pub async fn list_assets(
         query.status.as_deref(),
         AssetStatus::parse_or_list,
     );
+    let id_prefix = v.optional("id_prefix", query.id_prefix.as_deref(), |p| {
+        AssetId::parse(p).map(AssetId::into_inner)
+    });
+    let attributes: Vec<_> = form_urlencoded::parse(request.query_string().as_bytes())
+        .filter(|(name, _)| name == "attribute")
+        .filter_map(|(_, filter)| v.check("attribute", attribute_filter(&filter)))
+        .collect();
+    let price_max = match (query.price_max.as_deref(), query.currency.as_deref()) {
+        (None, None) => None,
+        (Some(max), Some(currency)) => {
+            let amount = v.check("price_max", price_amount(max));
+            let currency = v.check("currency", currency_code(currency));
+            amount
+                .zip(currency)
+                .map(|(amount, currency)| Price { amount, currency })
+        }
+        (Some(_), None) => v.check("currency", Err("is required with price_max".to_owned())),
+        (None, Some(_)) => v.check("price_max", Err("is required with currency".to_owned())),
+    };
     let page = v.page(&query.page, |id| {
         AssetId::parse(id).ok().map(|_| id.to_owned())
     });
@@ -296,6 +423,9 @@ pub async fn list_assets(
         .store
         .list_assets(&AssetPage {
             status,
+            id_prefix,
+            attributes,
+            price_max,
             after: page.after,
             limit: page.limit + 1,
         })
@@ -303,6 +433,31 @@ pub async fn list_assets(
     let mut list = AssetList::page(items, page.limit, |a| cursor_of(&a.id));
     list.items = as_seen_by(&caller, list.items, Asset::seen_by);
     list.answer()
+}
+
+/// An `attribute` filter, `KEY:VALUE`.
+fn attribute_filter(filter: &str) -> Result<(String, AttributeValue), String> {
+    let (key, value) = filter
+        .split_once(':')
+        .ok_or_else(|| format!("{filter:?} is not KEY:VALUE"))?;
+    if !is_attribute_key(key) {
+        return Err(format!("{key:?} cannot name an attribute"));
+    }
+    Ok((key.to_owned(), AttributeValue::from_filter(value)))
+}
+
+fn price_amount(text: &str) -> Result<i64, String> {
+    text.parse::<i64>()
+        .ok()
+        .filter(|n| (0..=Price::MAX_AMOUNT).contains(n))
+        .ok_or_else(|| format!("must be an integer from 0 to {}", Price::MAX_AMOUNT))
+}
+
+fn currency_code(text: &str) -> Result<String, String> {
+    match is_currency(text) {
+        true => Ok(text.to_owned()),
+        false => Err("must be an ISO 4217 code: three upper-case letters".to_owned()),
+    }
 }
 
 /// How many assets have each effective status.
@@ -379,11 +534,9 @@ pub async fn list_asset_events(
 /// The items of a page as `caller` may see them, each as `seen` shows it
 /// to a viewer.
 fn as_seen_by<T>(caller: &Caller, items: Vec<T>, seen: fn(T, Option<&str>) -> T) -> Vec<T> {
-    let viewer = caller.owner_filter();
-    items
-        .into_iter()
-        .map(|item| seen(item, viewer.as_deref()))
-        .collect()
+    let client = caller.client();
+    let viewer = client.own_filter();
+    items.into_iter().map(|item| seen(item, viewer)).collect()
 }
 
 #[cfg(test)]

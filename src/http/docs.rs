@@ -7,32 +7,36 @@ use utoipa::openapi::content::ContentBuilder;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::response::ResponseBuilder;
-use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, SchemaType, Type};
+use utoipa::openapi::schema::{
+    AllOfBuilder, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type,
+};
 use utoipa::openapi::{OpenApi, Ref, RefOr, Required};
-use utoipa::IntoParams;
 
 use super::error::{PROBLEM_JSON, REPLAYED};
-use super::operations::{self, Input, Rule};
+use super::operations::{self, Rule};
 use crate::domain::{AssetStatus, FieldError};
 use crate::reply::{self, ErrorCode, Problem};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 
 /// The `Idempotency-Key` request header.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Header)]
-#[allow(dead_code)] // read by the document, never constructed
-pub struct IdempotencyKeyParam {
-    /// Makes the request safe to retry: a new random value per request (a
-    /// UUID is fine), the same value when retrying it. 1 to 255 printable
-    /// ASCII characters.
-    #[param(
-        rename = "Idempotency-Key",
-        min_length = 1,
-        max_length = 255,
-        pattern = "^[\\x20-\\x7E]*[\\x21-\\x7E][\\x20-\\x7E]*$",
-        example = "8f14e45f-hold-1"
-    )]
-    pub idempotency_key: String,
+fn idempotency_key() -> Parameter {
+    let value = ObjectBuilder::new()
+        .schema_type(SchemaType::Type(Type::String))
+        .min_length(Some(1))
+        .max_length(Some(255))
+        .pattern(Some("^[\\x20-\\x7E]*[\\x21-\\x7E][\\x20-\\x7E]*$"));
+    ParameterBuilder::new()
+        .name("Idempotency-Key")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::True)
+        .description(Some(
+            "Makes the request safe to retry: a new random value per request (a\n\
+             UUID is fine), the same value when retrying it. 1 to 255 printable\n\
+             ASCII characters.",
+        ))
+        .schema(Some(value))
+        .example(Some(serde_json::json!("8f14e45f-hold-1")))
+        .build()
 }
 
 /// A parameter of an operation, `description` of it and `schema` its value.
@@ -132,6 +136,16 @@ pub fn describe(code: ErrorCode) -> &'static str {
         PaymentNotFound => "No payment with this reference reached holdfast.",
         IdempotencyKeyInUse => "A request with this key is still running; retry shortly.",
         HoldLimitReached => "The buyer already has the maximum of live holds.",
+        WaitlistNotOpen => {
+            "Only an asset held by another buyer has a waiting list (see asset_status); an \
+            available one is simply held."
+        }
+        WaitlistFull => "The asset has its most waiters (HOLDFAST_WAITLIST_MAX).",
+        WaitlistEntryNotFound => "This buyer of this client is not waiting for this asset.",
+        PaymentAmountMismatch => {
+            "The payment took another currency, or less than the reservation's price: it is \
+            refunded (reason AMOUNT_MISMATCH) and the hold stays, for a payment that pays."
+        }
         SaleNotOpen => "The asset's sale has not opened yet; see available_from.",
         HoldExtensionLimit => {
             "The hold would outlive HOLDFAST_HOLD_MAX_TOTAL_SECONDS from its \
@@ -187,7 +201,7 @@ fn add_problems(operation: &mut Operation) {
     let Some(op) = operations::find(&id) else {
         return;
     };
-    if op.input == Input::KeyedBody {
+    if op.keyed() {
         add_key(operation);
     }
     for (status, codes) in op.all_problems() {
@@ -248,14 +262,21 @@ fn add_problems(operation: &mut Operation) {
 }
 
 /// What every operation under an `Idempotency-Key` documents: the header,
-/// and on its 200 the mark of a replay (unless the 200 says it its own way).
+/// and on its 200 the mark of a replay (unless the 200 says it its own way)
+/// and the `Location` of the 201 it may replay.
 fn add_key(operation: &mut Operation) {
-    let key = IdempotencyKeyParam::into_params(|| None);
     operation
         .parameters
         .get_or_insert_with(Vec::new)
-        .extend(key);
+        .push(idempotency_key());
+    let location = match operation.responses.responses.get("201") {
+        Some(RefOr::T(created)) => created.headers.get("Location").cloned(),
+        _ => None,
+    };
     if let Some(RefOr::T(ok)) = operation.responses.responses.get_mut("200") {
+        if let Some(location) = location {
+            ok.headers.entry("Location".to_owned()).or_insert(location);
+        }
         ok.headers.entry(REPLAYED.to_owned()).or_insert_with(|| {
             HeaderBuilder::new()
                 .schema(ObjectBuilder::new().schema_type(SchemaType::Type(Type::String)))
@@ -273,6 +294,29 @@ pub const BEARER: &str = "api_key";
 
 /// The scheme name of API keys sent by a browser (HTTP Basic).
 pub const BASIC: &str = "api_key_basic";
+
+/// `EventData`, what an event's `data` holds: a reservation, a refund, an
+/// asset, or what a storefront sees of another client's reservation.
+pub fn document_event_data(api: &mut OpenApi) {
+    let components = api.components.get_or_insert_with(Default::default);
+    let one_of = [
+        "Reservation",
+        "Refund",
+        "Asset",
+        "EventSummary",
+        "WaitlistSkipped",
+        "WaitlistCleared",
+    ]
+    .into_iter()
+    .fold(OneOfBuilder::new(), |one_of, name| {
+        one_of.item(Ref::from_schema_name(name))
+    })
+    .description(Some("What an event's `data` holds, by its type."));
+    components.schemas.insert(
+        "EventData".to_owned(),
+        RefOr::T(Schema::OneOf(one_of.build())),
+    );
+}
 
 /// Declares the two ways to present an API key: `Authorization: Bearer
 /// <token>`, and for browsers HTTP Basic with the token as the password.

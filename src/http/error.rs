@@ -6,7 +6,7 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 
-use super::operations::{self, Input};
+use super::operations;
 use crate::reply::{self, ErrorCode, Problem, Reply};
 use crate::store::{Keyed, StoreError, WriteOutcome};
 use crate::telemetry::count;
@@ -101,10 +101,29 @@ impl ResponseError for ApiError {
                     "Send a valid API key as Authorization: Bearer <token>."
                 };
                 let reply = Problem::new(ErrorCode::Unauthenticated, message).into_reply();
-                super::access::challenged(respond(reply), *page)
+                challenged(respond(reply), *page)
             }
         }
     }
+}
+
+/// The challenge of a 401: pages a person opens in a browser invite HTTP
+/// Basic, so that the browser asks for the key.
+fn challenge(page: bool) -> &'static str {
+    if page {
+        r#"Basic realm="holdfast console", charset="UTF-8""#
+    } else {
+        "Bearer"
+    }
+}
+
+/// Adds the challenge to a 401.
+pub fn challenged(mut response: actix_web::HttpResponse, page: bool) -> actix_web::HttpResponse {
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static(challenge(page)),
+    );
+    response
 }
 
 /// A 503 whose COMMIT may have been sent, told in the words of the operation
@@ -123,7 +142,7 @@ pub fn fit_unconfirmed(response: ServiceResponse<BoxBody>) -> ServiceResponse<Bo
         .request()
         .match_name()
         .and_then(operations::find)
-        .is_some_and(|op| op.input == Input::KeyedBody);
+        .is_some_and(|op| op.keyed());
     if !unconfirmed || keyed {
         return response;
     }
@@ -203,12 +222,23 @@ impl Answers {
     ) -> ApiResult {
         self.send(match outcome {
             Keyed::Done(done) => own(done),
-            Keyed::Replayed(reply) => {
+            Keyed::Replayed(stored) => {
                 metrics::counter!("holdfast_idempotency_replays_total").increment(1);
-                ("replayed", reply)
+                ("replayed", Reply::from(stored))
             }
             Keyed::KeyReused => ("rejected", reply::key_reused().into_reply()),
             Keyed::NotFound => self.not_found(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn console_pages_challenge_for_basic() {
+        assert!(challenge(true).starts_with("Basic realm="));
+        assert_eq!(challenge(false), "Bearer");
     }
 }

@@ -94,11 +94,12 @@ fn feed_answer(after: FeedCursor, rows: Vec<(FeedCursor, Event)>) -> HttpRespons
 #[get("/v1/events")]
 pub async fn list_events(caller: Caller, state: State, query: web::Query<FeedQuery>) -> ApiResult {
     let page = feed_page(&query, false)?;
-    let viewer = caller.owner_filter();
+    let client = caller.client();
+    let viewer = client.own_filter();
     let rows = state.store.event_feed(page).await?;
     let rows = rows
         .into_iter()
-        .map(|(cursor, event)| (cursor, event.seen_by(viewer.as_deref())))
+        .map(|(cursor, event)| (cursor, event.seen_by(viewer)))
         .collect();
     Ok(feed_answer(page.after, rows))
 }

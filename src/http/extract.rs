@@ -82,7 +82,7 @@ impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest
             fingerprint.update([0]);
             fingerprint.update(&body.canonical);
             let idempotency = Idempotency {
-                scope: caller.name.clone(),
+                client: caller.name.clone(),
                 key: key.0,
                 fingerprint: hex(&fingerprint.finalize()),
             };
@@ -128,9 +128,16 @@ impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest for JsonBo
     type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let batch = req
+            .match_name()
+            .and_then(super::operations::find)
+            .is_some_and(|op| op.input == super::operations::Input::KeyedBatch);
         let limit = req
             .app_data::<web::Data<AppState>>()
-            .map(|s| s.api.max_body_bytes)
+            .map(|s| match batch {
+                true => s.api.max_batch_body_bytes,
+                false => s.api.max_body_bytes,
+            })
             .unwrap_or(16 * 1024);
         let declared_too_large = req
             .headers()
@@ -424,8 +431,18 @@ impl Validator {
     }
 
     /// The 422 of the fields that failed (called once a check did).
+    /// Runs a check that names its own fields.
+    pub fn fields(&mut self, check: impl FnOnce(&mut Vec<FieldError>)) {
+        check(&mut self.errors);
+    }
+
     pub fn failed(self) -> ApiError {
         reply::validation_failed(self.errors).into()
+    }
+
+    /// The fields that failed, for an interface other than HTTP.
+    pub fn into_errors(self) -> Vec<FieldError> {
+        self.errors
     }
 
     /// Checks a `limit` (1 to [`PAGE_MAX`], `default` when absent).

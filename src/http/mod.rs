@@ -3,6 +3,7 @@
 
 pub mod access;
 mod assets;
+mod batch;
 mod console;
 mod docs;
 mod edges;
@@ -16,6 +17,7 @@ mod paths;
 mod payments;
 mod refunds;
 mod reservations;
+mod waitlist;
 
 use actix_web::http::{header, Method};
 use actix_web::{get, web, HttpRequest, HttpResponse};
@@ -27,12 +29,15 @@ use utoipa_actix_web::service_config::ServiceConfig;
 use utoipa_actix_web::AppExt;
 
 use crate::domain::{
-    Asset, AssetStatus, EventSummary, FieldError, HoldBounds, Payment, Refund, Reservation,
+    Asset, AssetStatus, ClearedEntry, EventSummary, FieldError, HoldBounds, Payment, Refund,
+    Reservation, WaitlistCleared, WaitlistSkipped,
 };
 use crate::reply::{ErrorCode, Problem};
 use crate::store::Store;
+pub use assets::{new_asset, CreateAssetRequest};
 pub use error::{respond, ApiError, PROBLEM_JSON};
 pub use extract::canonical_json;
+pub use extract::Validator;
 
 /// What every handler can reach.
 pub struct AppState {
@@ -58,12 +63,9 @@ pub enum LateCommit {
 #[derive(Debug, Clone)]
 pub struct ApiSettings {
     pub hold_bounds: HoldBounds,
-    /// No hold may last longer than this from its creation.
-    pub hold_max_total_seconds: i64,
-    pub late_commit: LateCommit,
-    /// Most live holds one (client, buyer) may have; `None` for no limit.
-    pub max_live_holds: Option<i64>,
     pub max_body_bytes: usize,
+    /// The body limit of a batch of assets.
+    pub max_batch_body_bytes: usize,
     /// Origins allowed from browsers; `None` turns CORS off.
     pub cors_origins: Option<Vec<String>>,
 }
@@ -137,49 +139,31 @@ pub struct ProblemBody {
     tags(
         (name = "assets", description = "One-of-a-kind assets and their timelines"),
         (name = "reservations", description = "Holds, commits and releases"),
+        (name = "waitlists", description = "Queues for held assets, and offers to named buyers"),
         (name = "payments", description = "What became of each payment reference"),
         (name = "refunds", description = "Payments to give back, and their completion"),
         (name = "events", description = "The event feed and webhook delivery"),
         (name = "operations", description = "Health of the service"),
         (name = "console", description = "The operator console, a web page served by holdfast"),
     ),
-    components(schemas(ProblemBody, ErrorCode, EventSummary))
+    components(schemas(
+        ProblemBody,
+        ErrorCode,
+        EventSummary,
+        WaitlistSkipped,
+        WaitlistCleared,
+        ClearedEntry
+    ))
 )]
 struct ApiDoc;
 
-/// Every route of the API; the router and the OpenAPI document both come from here.
+/// Every route of the API, from the table of operations: the router and the
+/// OpenAPI document both come from here. The router tries resources in the
+/// table's order, most with a regular expression: the hot paths come first.
 pub fn configure(cfg: &mut ServiceConfig) {
-    // The router tries resources in this order, most with a regular
-    // expression: the hot paths come first.
-    cfg.service(reservations::hold_asset)
-        .service(reservations::commit_reservation)
-        .service(assets::create_asset)
-        .service(assets::list_assets)
-        .service(assets::count_assets)
-        .service(assets::get_asset)
-        .service(assets::update_asset)
-        .service(assets::withdraw_asset)
-        .service(assets::reinstate_asset)
-        .service(assets::list_asset_events)
-        .service(reservations::get_reservation)
-        .service(reservations::release_reservation)
-        .service(reservations::extend_reservation)
-        .service(reservations::void_reservation)
-        .service(reservations::list_reservations)
-        .service(events::list_events)
-        .service(events::list_dead_events)
-        .service(events::redeliver_event)
-        .service(payments::get_payment)
-        .service(refunds::list_refunds)
-        .service(refunds::complete_refund)
-        .service(health::get_health)
-        .service(health::get_readiness)
-        .service(get_openapi)
-        .service(get_docs)
-        .service(get_metrics)
-        .service(console::get_console)
-        .service(console::get_console_css)
-        .service(console::get_console_js);
+    for operation in operations::OPERATIONS {
+        (operation.register)(cfg);
+    }
 }
 
 /// The OpenAPI document of this build.
@@ -192,6 +176,7 @@ pub fn openapi() -> OpenApiDoc {
     api.info.version = env!("CARGO_PKG_VERSION").to_owned();
     docs::document_problems(&mut api);
     docs::document_security(&mut api);
+    docs::document_event_data(&mut api);
     api
 }
 
@@ -209,7 +194,9 @@ pub fn app(
         InitError = (),
     >,
 > {
-    let limit = state.api.max_body_bytes;
+    // Each route's own limit is applied as its body is read (JsonBody);
+    // no body is read past the largest.
+    let limit = state.api.max_batch_body_bytes;
     let cors = cors(state.api.cors_origins.as_deref(), &routes.methods());
     let (app, _) = actix_web::App::new()
         .into_utoipa_app()

@@ -5,6 +5,9 @@
 //! answer. The access guard, the OpenAPI document and the console read this
 //! table; a test fails when the document and the table disagree.
 
+use utoipa_actix_web::service_config::ServiceConfig;
+
+use super::{assets, batch, console, events, health, payments, refunds, reservations, waitlist};
 use crate::keys::Role;
 use crate::reply::ErrorCode;
 
@@ -24,6 +27,8 @@ pub enum Input {
     Body,
     /// A JSON body and a required `Idempotency-Key`.
     KeyedBody,
+    /// As `KeyedBody`, with the larger body limit of a batch.
+    KeyedBatch,
 }
 
 /// One operation of the API.
@@ -31,6 +36,8 @@ pub enum Input {
 pub struct Operation {
     /// The operationId, which is also the handler's name.
     pub id: &'static str,
+    /// Registers its handler with the router (and so with the document).
+    pub register: fn(&mut ServiceConfig),
     pub rule: Rule,
     /// A page a person opens in a browser: its 401 invites HTTP Basic.
     pub page: bool,
@@ -52,12 +59,14 @@ const PAYING: &[Role] = &[Admin, Payments];
 
 const fn op(
     id: &'static str,
+    register: fn(&mut ServiceConfig),
     rule: Rule,
     input: Input,
     problems: &'static [(u16, &'static [ErrorCode])],
 ) -> Operation {
     Operation {
         id,
+        register,
         rule,
         page: false,
         input,
@@ -66,9 +75,10 @@ const fn op(
     }
 }
 
-const fn page(id: &'static str) -> Operation {
+const fn page(id: &'static str, register: fn(&mut ServiceConfig)) -> Operation {
     Operation {
         id,
+        register,
         rule: Rule::Roles(ADMIN),
         page: true,
         input: Input::None,
@@ -78,13 +88,24 @@ const fn page(id: &'static str) -> Operation {
 }
 
 /// A list: its query (filters, `limit`, `cursor`) may fail validation.
-const fn list(id: &'static str, roles: &'static [Role]) -> Operation {
-    op(id, Roles(roles), NO_INPUT, &[(422, &[ValidationFailed])])
+const fn list(
+    id: &'static str,
+    register: fn(&mut ServiceConfig),
+    roles: &'static [Role],
+) -> Operation {
+    op(
+        id,
+        register,
+        Roles(roles),
+        NO_INPUT,
+        &[(422, &[ValidationFailed])],
+    )
 }
 
-const fn public(id: &'static str, database: bool) -> Operation {
+const fn public(id: &'static str, register: fn(&mut ServiceConfig), database: bool) -> Operation {
     Operation {
         id,
+        register,
         rule: Rule::Public,
         page: false,
         input: Input::None,
@@ -93,7 +114,7 @@ const fn public(id: &'static str, database: bool) -> Operation {
     }
 }
 
-use Input::{Body, KeyedBody};
+use Input::{Body, KeyedBatch, KeyedBody};
 use Rule::Roles;
 
 const NO_INPUT: Input = Input::None;
@@ -106,41 +127,12 @@ const ACTIVE_RESERVATION: &[(u16, &[ErrorCode])] = &[
 ];
 
 pub const OPERATIONS: &[Operation] = &[
-    op("create_asset", Roles(ADMIN), Body, &[(409, &[AssetExists])]),
-    op(
-        "get_asset",
-        Roles(ALL),
-        NO_INPUT,
-        &[(404, &[AssetNotFound])],
-    ),
-    list("list_assets", ALL),
-    op(
-        "update_asset",
-        Roles(ADMIN),
-        Body,
-        &[(404, &[AssetNotFound])],
-    ),
-    op(
-        "withdraw_asset",
-        Roles(ADMIN),
-        Body,
-        &[(404, &[AssetNotFound]), (409, &[AssetHeld, AssetSold])],
-    ),
-    op(
-        "reinstate_asset",
-        Roles(ADMIN),
-        Body,
-        &[(404, &[AssetNotFound])],
-    ),
-    op(
-        "list_asset_events",
-        Roles(ALL),
-        NO_INPUT,
-        &[(404, &[AssetNotFound]), (422, &[ValidationFailed])],
-    ),
-    op("count_assets", Roles(ADMIN), NO_INPUT, &[]),
+    // The router tries them in this order: the hot paths first.
     op(
         "hold_asset",
+        |c| {
+            c.service(reservations::hold_asset);
+        },
         Roles(SELLING),
         KeyedBody,
         &[
@@ -149,14 +141,10 @@ pub const OPERATIONS: &[Operation] = &[
         ],
     ),
     op(
-        "get_reservation",
-        Roles(ALL),
-        NO_INPUT,
-        &[(404, &[ReservationNotFound])],
-    ),
-    list("list_reservations", ALL),
-    op(
         "commit_reservation",
+        |c| {
+            c.service(reservations::commit_reservation);
+        },
         Roles(PAYING),
         KeyedBody,
         &[
@@ -168,18 +156,163 @@ pub const OPERATIONS: &[Operation] = &[
                     ReservationNotActive,
                     AlreadyCommitted,
                     PaymentReferenceUsed,
+                    PaymentAmountMismatch,
                 ],
             ),
         ],
     ),
     op(
+        "create_asset",
+        |c| {
+            c.service(assets::create_asset);
+        },
+        Roles(ADMIN),
+        Body,
+        &[(409, &[AssetExists])],
+    ),
+    op(
+        "create_assets",
+        |c| {
+            c.service(batch::create_assets);
+        },
+        Roles(ADMIN),
+        KeyedBatch,
+        &[(409, &[AssetExists])],
+    ),
+    op(
+        "get_asset",
+        |c| {
+            c.service(assets::get_asset);
+        },
+        Roles(ALL),
+        NO_INPUT,
+        &[(404, &[AssetNotFound])],
+    ),
+    list(
+        "list_assets",
+        |c| {
+            c.service(assets::list_assets);
+        },
+        ALL,
+    ),
+    op(
+        "update_asset",
+        |c| {
+            c.service(assets::update_asset);
+        },
+        Roles(ADMIN),
+        Body,
+        &[(404, &[AssetNotFound])],
+    ),
+    op(
+        "withdraw_asset",
+        |c| {
+            c.service(assets::withdraw_asset);
+        },
+        Roles(ADMIN),
+        Body,
+        &[(404, &[AssetNotFound]), (409, &[AssetHeld, AssetSold])],
+    ),
+    op(
+        "reinstate_asset",
+        |c| {
+            c.service(assets::reinstate_asset);
+        },
+        Roles(ADMIN),
+        Body,
+        &[(404, &[AssetNotFound])],
+    ),
+    op(
+        "list_asset_events",
+        |c| {
+            c.service(assets::list_asset_events);
+        },
+        Roles(ALL),
+        NO_INPUT,
+        &[(404, &[AssetNotFound]), (422, &[ValidationFailed])],
+    ),
+    op(
+        "count_assets",
+        |c| {
+            c.service(assets::count_assets);
+        },
+        Roles(ADMIN),
+        NO_INPUT,
+        &[],
+    ),
+    op(
+        "join_waitlist",
+        |c| {
+            c.service(waitlist::join_waitlist);
+        },
+        Roles(SELLING),
+        KeyedBody,
+        &[
+            (404, &[AssetNotFound]),
+            (409, &[WaitlistNotOpen, WaitlistFull]),
+        ],
+    ),
+    op(
+        "list_waitlist",
+        |c| {
+            c.service(waitlist::list_waitlist);
+        },
+        Roles(SELLING),
+        NO_INPUT,
+        &[(404, &[AssetNotFound])],
+    ),
+    op(
+        "leave_waitlist",
+        |c| {
+            c.service(waitlist::leave_waitlist);
+        },
+        Roles(SELLING),
+        NO_INPUT,
+        &[
+            (404, &[AssetNotFound, WaitlistEntryNotFound]),
+            (415, &[UnsupportedMediaType]),
+            (422, &[ValidationFailed]),
+        ],
+    ),
+    op(
+        "make_offer",
+        |c| {
+            c.service(waitlist::make_offer);
+        },
+        Roles(ADMIN),
+        KeyedBody,
+        &[(404, &[AssetNotFound]), (409, &[AssetUnavailable])],
+    ),
+    op(
+        "get_reservation",
+        |c| {
+            c.service(reservations::get_reservation);
+        },
+        Roles(ALL),
+        NO_INPUT,
+        &[(404, &[ReservationNotFound])],
+    ),
+    list(
+        "list_reservations",
+        |c| {
+            c.service(reservations::list_reservations);
+        },
+        ALL,
+    ),
+    op(
         "release_reservation",
+        |c| {
+            c.service(reservations::release_reservation);
+        },
         Roles(ALL),
         KeyedBody,
         ACTIVE_RESERVATION,
     ),
     op(
         "extend_reservation",
+        |c| {
+            c.service(reservations::extend_reservation);
+        },
         Roles(SELLING),
         KeyedBody,
         &[
@@ -189,40 +322,106 @@ pub const OPERATIONS: &[Operation] = &[
     ),
     op(
         "void_reservation",
+        |c| {
+            c.service(reservations::void_reservation);
+        },
         Roles(ADMIN),
         KeyedBody,
         ACTIVE_RESERVATION,
     ),
     op(
         "get_payment",
+        |c| {
+            c.service(payments::get_payment);
+        },
         Roles(PAYING),
         NO_INPUT,
         &[(404, &[PaymentNotFound]), (422, &[ValidationFailed])],
     ),
-    list("list_refunds", PAYING),
+    list(
+        "list_refunds",
+        |c| {
+            c.service(refunds::list_refunds);
+        },
+        PAYING,
+    ),
     op(
         "complete_refund",
+        |c| {
+            c.service(refunds::complete_refund);
+        },
         Roles(PAYING),
         KeyedBody,
         &[(404, &[RefundNotFound])],
     ),
-    list("list_events", ALL),
-    list("list_dead_events", ADMIN),
+    list(
+        "list_events",
+        |c| {
+            c.service(events::list_events);
+        },
+        ALL,
+    ),
+    list(
+        "list_dead_events",
+        |c| {
+            c.service(events::list_dead_events);
+        },
+        ADMIN,
+    ),
     op(
         "redeliver_event",
+        |c| {
+            c.service(events::redeliver_event);
+        },
         Roles(ADMIN),
         NO_INPUT,
         // A POST: the guard refuses form encodings on every change.
         &[(404, &[EventNotFound]), (415, &[UnsupportedMediaType])],
     ),
-    public("get_health", false),
-    public("get_readiness", true),
-    public("get_metrics", false),
-    public("get_openapi", false),
-    public("get_docs", false),
-    page("get_console"),
-    page("get_console_css"),
-    page("get_console_js"),
+    public(
+        "get_health",
+        |c| {
+            c.service(health::get_health);
+        },
+        false,
+    ),
+    public(
+        "get_readiness",
+        |c| {
+            c.service(health::get_readiness);
+        },
+        true,
+    ),
+    public(
+        "get_metrics",
+        |c| {
+            c.service(super::get_metrics);
+        },
+        false,
+    ),
+    public(
+        "get_openapi",
+        |c| {
+            c.service(super::get_openapi);
+        },
+        false,
+    ),
+    public(
+        "get_docs",
+        |c| {
+            c.service(super::get_docs);
+        },
+        false,
+    ),
+    page("get_console", |c| {
+        c.service(console::get_console);
+    }),
+    page("get_console_css", |c| {
+        c.service(console::get_console_css);
+    }),
+    page("get_console_js", |c| {
+        c.service(console::get_console_js);
+    }),
 ];
 
 /// The operation with this id.
@@ -252,12 +451,17 @@ const GUARDED: &[(u16, &[ErrorCode])] = &[
 ];
 
 impl Operation {
+    /// Whether it takes an `Idempotency-Key`.
+    pub fn keyed(&self) -> bool {
+        matches!(self.input, Input::KeyedBody | Input::KeyedBatch)
+    }
+
     /// Every problem this operation can answer, by status, codes merged.
     pub fn all_problems(&self) -> Vec<(u16, Vec<ErrorCode>)> {
         let input = match self.input {
             Input::None => &[][..],
             Input::Body => BODY,
-            Input::KeyedBody => KEYED_BODY,
+            Input::KeyedBody | Input::KeyedBatch => KEYED_BODY,
         };
         let guarded = match self.rule {
             Rule::Roles(_) => GUARDED,

@@ -11,7 +11,7 @@ use utoipa::IntoParams;
 
 use super::docs::parameter;
 use super::error::ApiError;
-use crate::domain::{AssetId, EventId, PaymentReference, RefundId, ReservationId};
+use crate::domain::{AssetId, BuyerId, EventId, PaymentReference, RefundId, ReservationId};
 use crate::reply::{self, Problem};
 
 macro_rules! path_param {
@@ -104,6 +104,15 @@ path_param!(
     missing = reply::payment_not_found,
     pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,128}$",
     description = "The payment system's reference",
+);
+
+path_param!(
+    /// `{buyer_id}` of a waiting list's entry.
+    WaiterPath(BuyerId): "buyer_id",
+    parse = |s| BuyerId::parse(&percent_decoded(s)?).ok(),
+    missing = reply::waitlist_entry_not_found,
+    pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,64}$",
+    description = "The waiting buyer",
 );
 
 /// A path segment with every `%XX` decoded (actix decodes only the

@@ -11,7 +11,7 @@ use super::paths::RefundPath;
 use super::State;
 use crate::domain::{Refund, RefundId, RefundStatus};
 use crate::reply::{self, Reply};
-use crate::store::{CompleteRefundOutcome, CompleteRefundRequest, RefundPage};
+use crate::store::{Answer, CompleteRefundOutcome, CompleteRefundRequest, RefundPage};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -95,10 +95,10 @@ pub async fn complete_refund(
     };
     let outcome = state.store.complete_refund(&request).await?;
     COMPLETIONS.keyed(outcome, |completed| match completed {
-        CompleteRefundOutcome::Completed(reply) => {
+        CompleteRefundOutcome::Completed(refund) => {
             metrics::counter!("holdfast_refunds_completed_total").increment(1);
             tracing::info!(refund_id = %request.refund_id, "refund completed");
-            ("completed", reply)
+            ("completed", reply::answer(Answer::RefundCompleted(&refund)))
         }
         CompleteRefundOutcome::AlreadyCompleted(refund) => ("unchanged", Reply::json(200, &refund)),
     })

@@ -10,15 +10,15 @@ use super::access::Caller;
 use super::error::{respond, Answers, ApiResult};
 use super::extract::{checked, cursor_of, list_page, KeyedRequest, PageQuery, Validator};
 use super::paths::{AssetPath, ReservationPath};
-use super::{LateCommit, State};
+use super::State;
 use crate::domain::{
-    printable_schema, AssetId, BuyerId, PaymentReference, RefundReason, Reservation, ReservationId,
-    ReservationStatus,
+    check_metadata, metadata_schema, parse_instant, printable_schema, AssetId, BuyerId, FieldError,
+    Metadata, PaymentReference, Price, RefundReason, Reservation, ReservationId, ReservationStatus,
 };
 use crate::reply::{self, Reply};
 use crate::store::{
-    CommitOutcome, CommitRequest, ExtendOutcome, ExtendRequest, HoldOutcome, HoldRequest,
-    Idempotency, ReleaseOutcome, ReleaseRequest, ReservationPage, VoidOutcome, VoidRequest,
+    Answer, CommitOutcome, CommitRequest, ExtendOutcome, ExtendRequest, HoldOutcome, HoldRequest,
+    Idempotency, ReleaseOutcome, ReleaseRequest, ReservationPage, Until, VoidOutcome, VoidRequest,
 };
 
 /// A buyer's request to hold an asset.
@@ -32,6 +32,9 @@ pub struct HoldAssetRequest {
     /// the bounds shown here).
     #[schema(minimum = 30, maximum = 3600, example = 600)]
     pub hold_seconds: Option<i64>,
+    /// The shop's own references, kept with the reservation.
+    #[schema(schema_with = metadata_schema)]
+    pub metadata: Option<Metadata>,
 }
 
 /// The payment system's confirmation.
@@ -40,6 +43,10 @@ pub struct HoldAssetRequest {
 pub struct CommitReservationRequest {
     #[schema(schema_with = payment_reference)]
     pub payment_reference: String,
+    /// What the payment took. When the reservation has a price and this is
+    /// another currency or less, the commit is refused (409
+    /// PAYMENT_AMOUNT_MISMATCH) and the payment refunded; more is accepted.
+    pub amount: Option<Price>,
 }
 
 fn buyer_id() -> ObjectBuilder {
@@ -69,11 +76,9 @@ pub struct ReleaseReservationRequest {}
     responses(
         (status = 201, description = "Held", body = Reservation,
          headers(("Location" = String, description = "The reservation's URL"))),
-        (status = 200, description = "Replay of an earlier 201 with the same \
-            key", body = Reservation,
-         headers(("Idempotent-Replayed" = String, description = "`true`: the stored answer to an \
-             earlier request with this key"), ("Location" = String, description = "The \
-                 reservation's URL"))),
+        (status = 200, description = "The buyer's own live hold of the asset (the same \
+            buyer of the same client, say in a second tab), unchanged; or a replay of an \
+            earlier answer with the same key (Idempotent-Replayed: true)", body = Reservation),
     )
 )]
 #[post("/v1/assets/{asset_id}/reservations")]
@@ -87,9 +92,13 @@ pub async fn hold_asset(
     let buyer_id = v.check("buyer_id", BuyerId::parse(&body.buyer_id));
     let hold_seconds = state.api.hold_bounds.hold_seconds(body.hold_seconds);
     let hold_seconds = v.check("hold_seconds", hold_seconds);
+    if let Some(metadata) = &body.metadata {
+        v.fields(|errors| check_metadata(metadata, "metadata", errors));
+    }
     let (Some(buyer_id), Some(hold_seconds)) = (buyer_id, hold_seconds) else {
         return Err(v.failed());
     };
+    v.finish()?;
     let span = tracing::Span::current();
     span.record("asset_id", asset.0.as_str());
     span.record("idempotency_key", request.idempotency.key.as_str());
@@ -97,24 +106,27 @@ pub async fn hold_asset(
         asset_id: asset.0,
         buyer_id,
         hold_seconds,
-        owner: request.caller.name,
-        max_live_holds: state.api.max_live_holds,
+        client: request.caller.name,
+        metadata: request.body.metadata,
         idempotency: request.idempotency,
     };
     let outcome = state.store.hold(&request).await?;
     HOLDS.keyed(outcome, |held| match held {
-        HoldOutcome::Created(reply) => {
+        HoldOutcome::Created(reservation) => {
+            let reply = reply::answer(Answer::Held(&reservation));
             let buyer = request.buyer_id.as_str();
             let location = reply.location.as_deref();
             tracing::info!(location, buyer_id = buyer, "asset held");
             ("created", reply)
         }
+        HoldOutcome::Own(reservation) => ("own", reply::answer(Answer::Changed(&reservation))),
         HoldOutcome::Unavailable {
             status,
             hold_expires_at,
+            waitlist_length,
         } => (
             "conflict",
-            reply::asset_unavailable_reply(status, hold_expires_at),
+            reply::asset_unavailable_reply(status, hold_expires_at, waitlist_length),
         ),
         HoldOutcome::SaleNotOpen { available_from } => (
             "not_open",
@@ -141,12 +153,11 @@ pub async fn get_reservation(
     state: State,
     reservation: ReservationPath,
 ) -> ApiResult {
-    // Another storefront's reservation does not exist for this caller: the
-    // query itself filters by owner, so it costs what a missing one costs.
-    let visible_to = caller.owner_filter();
+    // Another storefront's reservation does not exist for this caller: it
+    // is answered as a missing one is.
     match state
         .store
-        .get_reservation(&reservation.0, visible_to.as_deref())
+        .get_reservation(&reservation.0, &caller.client())
         .await?
     {
         Some(r) => Ok(respond(Reply::json(200, &r))),
@@ -192,31 +203,63 @@ pub async fn commit_reservation(
     reservation: ReservationPath,
 ) -> ApiResult {
     let payment = PaymentReference::parse(&request.body.payment_reference);
+    let payment = checked("payment_reference", payment)?;
+    if let Some(amount) = &request.body.amount {
+        let mut v = Validator::default();
+        v.fields(|errors| amount.check("amount", errors));
+        v.finish()?;
+    }
     let request = CommitRequest {
-        payment_reference: checked("payment_reference", payment)?,
+        payment_reference: payment,
+        amount: request.body.amount,
         reservation_id: record_reservation(reservation.0, &request.idempotency),
-        payment_scope: request.caller.name,
+        client: request.caller.name,
         idempotency: request.idempotency,
-        accept_late: state.api.late_commit == LateCommit::AcceptIfFree,
     };
     let outcome = state.store.commit(&request).await?;
     COMMITS.keyed(outcome, |committed| match committed {
-        CommitOutcome::Committed(reply) => {
+        CommitOutcome::Committed(r) => {
             tracing::info!("reservation committed; asset sold");
-            ("committed", reply)
+            ("committed", reply::answer(Answer::Changed(&r)))
         }
-        CommitOutcome::CommittedLate(reply) => {
+        CommitOutcome::CommittedLate(r) => {
             tracing::info!("late payment accepted; asset was free and is sold");
-            ("committed_late", reply)
+            ("committed_late", reply::answer(Answer::Changed(&r)))
         }
-        CommitOutcome::Refunded { reply, reason } => {
+        CommitOutcome::Refunded {
+            reason,
+            reservation,
+            refund,
+        } => {
             metrics::counter!("holdfast_refunds_requested_total", "reason" => reason.as_str())
                 .increment(1);
             tracing::info!(reason = reason.as_str(), "commit refused; refund requested");
-            (refusal(reason), reply)
+            let refused = Answer::Refused {
+                reason,
+                reservation: &reservation,
+                refund: &refund,
+            };
+            (refusal(reason), reply::answer(refused))
         }
-        CommitOutcome::Refused { reply, reason } => (refusal(reason), reply),
-        CommitOutcome::SaleVoided(reply) => ("not_active", reply),
+        CommitOutcome::Refused {
+            reason,
+            reservation,
+            refund,
+        } => {
+            let refused = Answer::Refused {
+                reason,
+                reservation: &reservation,
+                refund: &refund,
+            };
+            (refusal(reason), reply::answer(refused))
+        }
+        CommitOutcome::SaleVoided {
+            reservation,
+            refund,
+        } => (
+            "not_active",
+            reply::sale_voided(&reservation, refund.as_ref()).into_reply(),
+        ),
         CommitOutcome::AlreadyCommitted(r) => ("unchanged", reply::reservation_ok(&r)),
         CommitOutcome::PaymentReferenceUsed {
             reservation,
@@ -246,14 +289,14 @@ pub async fn release_reservation(
 ) -> ApiResult {
     let request = ReleaseRequest {
         reservation_id: record_reservation(reservation.0, &request.idempotency),
-        visible_to: request.caller.owner_filter(),
+        client: request.caller.client(),
         idempotency: request.idempotency,
     };
     let outcome = state.store.release(&request).await?;
     RELEASES.keyed(outcome, |released| match released {
-        ReleaseOutcome::Released(reply) => {
+        ReleaseOutcome::Released(r) => {
             tracing::info!("reservation released; asset available");
-            ("released", reply)
+            ("released", reply::answer(Answer::Changed(&r)))
         }
         ReleaseOutcome::AlreadyReleased(r) => ("unchanged", reply::reservation_ok(&r)),
         ReleaseOutcome::NotActive(r) => {
@@ -262,15 +305,22 @@ pub async fn release_reservation(
     })
 }
 
-/// How much longer a live hold should run.
+/// How much longer a live hold should run: `hold_seconds` or `expires_at`,
+/// one of the two.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExtendReservationRequest {
     /// The hold then lapses this many seconds from now (database clock),
     /// within HOLDFAST_HOLD_SECONDS_MIN..=HOLDFAST_HOLD_SECONDS_MAX; the whole
-    /// hold may last at most HOLDFAST_HOLD_MAX_TOTAL_SECONDS from its creation.
+    /// hold may last at most HOLDFAST_HOLD_MAX_TOTAL_SECONDS from its creation
+    /// (an offer: HOLDFAST_OFFER_MAX_DAYS).
     #[schema(minimum = 30, maximum = 3600, example = 300)]
-    pub hold_seconds: i64,
+    pub hold_seconds: Option<i64>,
+    /// The hold then lapses at this instant (RFC 3339), ahead of now and
+    /// within the same cap from its creation: how an offer is extended to a
+    /// date.
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-09T17:00:00Z")]
+    pub expires_at: Option<String>,
 }
 
 /// Extend a live hold while a slow payment runs.
@@ -294,30 +344,47 @@ pub async fn extend_reservation(
     state: State,
     reservation: ReservationPath,
 ) -> ApiResult {
-    let hold_seconds = state
-        .api
-        .hold_bounds
-        .hold_seconds(Some(request.body.hold_seconds));
-    let hold_seconds = checked("hold_seconds", hold_seconds)?;
+    let body = &request.body;
+    let until = match (body.hold_seconds, body.expires_at.as_deref()) {
+        (Some(seconds), None) => {
+            let seconds = state.api.hold_bounds.hold_seconds(Some(seconds));
+            Until::Seconds(checked("hold_seconds", seconds)?)
+        }
+        (None, Some(at)) => Until::At(checked("expires_at", parse_instant(at))?),
+        _ => {
+            let one = Err("give hold_seconds or expires_at, one of the two".to_owned());
+            return Err(checked::<()>("hold_seconds", one).unwrap_err());
+        }
+    };
     let request = ExtendRequest {
         reservation_id: record_reservation(reservation.0, &request.idempotency),
-        hold_seconds,
-        max_total_seconds: state.api.hold_max_total_seconds,
-        visible_to: request.caller.owner_filter(),
+        until,
+        client: request.caller.client(),
         idempotency: request.idempotency,
     };
     let outcome = state.store.extend(&request).await?;
     EXTENSIONS.keyed(outcome, |extended| match extended {
-        ExtendOutcome::Extended(reply) => {
-            tracing::info!(hold_seconds, "hold extended");
-            ("extended", reply)
+        ExtendOutcome::Extended(r) => {
+            tracing::info!(expires_at = %r.expires_at, "hold extended");
+            ("extended", reply::answer(Answer::Changed(&r)))
         }
+        ExtendOutcome::NotAhead(_) => (
+            "rejected",
+            reply::validation_failed(vec![FieldError::new(
+                "expires_at",
+                "must be ahead of now (the database's clock)",
+            )])
+            .into_reply(),
+        ),
         ExtendOutcome::NotActive(r) => {
             ("not_active", reply::reservation_not_active(&r).into_reply())
         }
-        ExtendOutcome::LimitReached(r) => (
+        ExtendOutcome::LimitReached {
+            reservation,
+            max_total_seconds,
+        } => (
             "limit_reached",
-            reply::hold_extension_limit(&r, request.max_total_seconds).into_reply(),
+            reply::hold_extension_limit(&reservation, max_total_seconds).into_reply(),
         ),
     })
 }
@@ -370,14 +437,14 @@ pub async fn void_reservation(
     let request = VoidRequest {
         reservation_id: record_reservation(reservation.0, &request.idempotency),
         refund: request.body.refund,
-        actor: request.caller.name,
+        client: request.caller.name,
         idempotency: request.idempotency,
     };
     let outcome = state.store.void(&request).await?;
     VOIDS.keyed(outcome, |voided| match voided {
-        VoidOutcome::Voided(reply) => {
+        VoidOutcome::Voided(r) => {
             tracing::info!(refund = request.refund, "sale voided; asset available");
-            ("voided", reply)
+            ("voided", reply::answer(Answer::Changed(&r)))
         }
         VoidOutcome::AlreadyVoided(r) => ("unchanged", reply::reservation_ok(&r)),
         VoidOutcome::NotActive(r) => ("not_active", reply::reservation_not_active(&r).into_reply()),
@@ -441,7 +508,7 @@ pub async fn list_reservations(
             buyer_id,
             asset_id,
             status,
-            owner: caller.owner_filter(),
+            client: caller.client().own_filter().map(str::to_owned),
             before: page.after,
             limit: page.limit + 1,
         })
@@ -469,5 +536,6 @@ fn refusal(reason: RefundReason) -> &'static str {
         RefundReason::HoldExpired => "hold_expired",
         RefundReason::ReservationReleased | RefundReason::SaleVoided => "not_active",
         RefundReason::AlreadyCommitted => "already_committed",
+        RefundReason::AmountMismatch => "amount_mismatch",
     }
 }

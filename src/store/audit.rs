@@ -5,6 +5,12 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::QueryableByName;
 use serde::Serialize;
 
+use super::conn::{Bind, Sql};
+use super::db::Store;
+use super::error::Context;
+use super::error::StoreResult;
+use crate::domain::Timestamp;
+
 /// One invariant and what the database says about it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Finding {
@@ -23,238 +29,403 @@ pub(crate) struct Check {
     /// Rows written before the rule existed: listed as such, never failing.
     pub history: bool,
     /// Portable SQL; `$1` is the start of event retention (an instant).
-    pub sql: &'static str,
-    /// PostgreSQL's own SQL where JSON is read.
-    pub postgres: Option<&'static str>,
+    pub sql: String,
+    /// PostgreSQL's own SQL where JSON or text is read.
+    pub postgres: Option<String>,
 }
 
-/// Every fate a payment has in the money records, as `fates(scope, reference,
-/// kind, reservation_id)`: each sale (kept, also when voided since), and each
-/// refund except a voided sale's refund of its own payment (part of that
-/// sale's fate).
-macro_rules! fates {
-    () => {
-        "fates AS ( \
-           SELECT payment_scope AS scope, payment_reference AS reference, 'kept' AS kind, \
-                  id AS reservation_id \
-             FROM reservations WHERE status IN ('COMMITTED', 'VOIDED') \
-           UNION ALL \
-           SELECT f.payment_scope, f.payment_reference, 'refunded', f.reservation_id \
-             FROM refunds f JOIN reservations r ON r.id = f.reservation_id \
-            WHERE NOT (f.reason = 'SALE_VOIDED' AND r.status = 'VOIDED' \
-                       AND r.payment_scope = f.payment_scope AND r.payment_reference = \
-                           f.payment_reference))"
+/// Every fate a payment has in the money records, as `fates(client,
+/// reference, kind, reservation_id)`: each sale (kept, also when voided
+/// since), and each refund except a voided sale's refund of its own payment
+/// (part of that sale's fate).
+const FATES: &str = "fates AS ( \
+   SELECT payment_client AS client, payment_reference AS reference, 'kept' AS kind, \
+          id AS reservation_id \
+     FROM reservations WHERE status IN ('COMMITTED', 'VOIDED') \
+   UNION ALL \
+   SELECT f.payment_client, f.payment_reference, 'refunded', f.reservation_id \
+     FROM refunds f JOIN reservations r ON r.id = f.reservation_id \
+    WHERE NOT (f.reason = 'SALE_VOIDED' AND r.status = 'VOIDED' \
+               AND r.payment_client = f.payment_client AND r.payment_reference = \
+                   f.payment_reference))";
+
+/// `changes_have_their_events` in one pass over the events: each event of
+/// a reservation (or refund) within the retention is read once for the id
+/// it is about (the first `reservation_id`, or a refund's `refund_id`, in
+/// its data), the kinds seen are gathered per id, and every reservation and
+/// refund is joined to what was seen of it. `find` is the dialect's
+/// function that finds text in text (`instr`, `strpos`).
+fn changes_have_their_events(find: &str) -> String {
+    let after = |key: &str| {
+        let from = format!(
+            "substr(data, {find}(data, '\"{key}\":\"') + {})",
+            key.len() + 4
+        );
+        format!("substr({from}, 1, {find}({from}, '\"') - 1)")
     };
+    let seen =
+        |kind: &str| format!("max(CASE WHEN type = '{kind}' THEN 1 ELSE 0 END) AS \"{kind}\"");
+    let missing = |kind: &str| format!("coalesce(s.\"{kind}\", 0) = 0");
+    format!(
+        "WITH ev AS ( \
+           SELECT type, CASE WHEN type = 'refund.requested' THEN {refund} ELSE {reservation} END \
+                  AS about \
+             FROM events WHERE created_at >= $1 AND type IN ('reservation.held', \
+                  'reservation.committed', 'reservation.voided', 'reservation.released', \
+                  'reservation.expired', 'refund.requested')), \
+         seen AS (SELECT about, {held}, {committed}, {voided}, {released}, {expired}, {refund_seen} \
+                    FROM ev GROUP BY about) \
+         SELECT r.id AS example FROM reservations r LEFT JOIN seen s ON s.about = r.id \
+          WHERE r.created_at >= $1 AND ({no_held} \
+             OR (r.status IN ('COMMITTED', 'VOIDED') AND {no_committed}) \
+             OR (r.status = 'VOIDED' AND {no_voided}) \
+             OR (r.status = 'RELEASED' AND {no_released}) \
+             OR (r.status = 'EXPIRED' AND {no_expired})) \
+         UNION ALL \
+         SELECT f.id FROM refunds f LEFT JOIN seen s ON s.about = f.id \
+          WHERE f.created_at >= $1 AND {no_refund}",
+        refund = after("refund_id"),
+        reservation = after("reservation_id"),
+        held = seen("reservation.held"),
+        committed = seen("reservation.committed"),
+        voided = seen("reservation.voided"),
+        released = seen("reservation.released"),
+        expired = seen("reservation.expired"),
+        refund_seen = seen("refund.requested"),
+        no_held = missing("reservation.held"),
+        no_committed = missing("reservation.committed"),
+        no_voided = missing("reservation.voided"),
+        no_released = missing("reservation.released"),
+        no_expired = missing("reservation.expired"),
+        no_refund = missing("refund.requested"),
+    )
 }
 
-/// An event of `kind` for reservation `r`, in `e`'s data.
-macro_rules! has_event {
-    ($kind:literal) => {
-        concat!(
-            "EXISTS (SELECT 1 FROM events e WHERE e.asset_id = r.asset_id AND e.type = '",
-            $kind,
-            "' AND e.data LIKE '%\"reservation_id\":\"' || r.id || '\"%')"
-        )
-    };
-}
-
-pub(crate) const CHECKS: &[Check] = &[
-    Check {
-        name: "sold_has_one_commit",
-        description: "Every SOLD asset has exactly one COMMITTED reservation, and it is the \
+/// Every invariant.
+pub(crate) fn checks() -> Vec<Check> {
+    vec![
+        Check {
+            name: "sold_has_one_commit",
+            description: "Every SOLD asset has exactly one COMMITTED reservation, and it is the \
             asset's current one.",
-        sql: "SELECT a.id AS example FROM assets a WHERE a.status = 'SOLD' AND ( \
-                (SELECT count(*) FROM reservations r WHERE r.asset_id = a.id AND r.status = \
-                    'COMMITTED') <> 1 \
-                OR NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = a.current_reservation_id \
-                               AND r.asset_id = a.id AND r.status = 'COMMITTED'))",
-        postgres: None,
-        history: false,
-    },
-    Check {
-        name: "held_matches_its_reservation",
-        description: "Every HELD asset's current reservation is HELD, for that asset, with the \
+            sql: "SELECT a.id AS example FROM assets a \
+                LEFT JOIN (SELECT asset_id, count(*) AS n FROM reservations \
+                           WHERE status = 'COMMITTED' GROUP BY asset_id) c ON c.asset_id = a.id \
+                LEFT JOIN reservations r ON r.id = a.current_reservation_id \
+                WHERE a.status = 'SOLD' AND (coalesce(c.n, 0) <> 1 \
+                  OR coalesce(r.status, '') <> 'COMMITTED' OR r.asset_id <> a.id)"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "held_matches_its_reservation",
+            description:
+                "Every HELD asset's current reservation is HELD, for that asset, with the \
             same expiry.",
-        sql: "SELECT a.id AS example FROM assets a WHERE a.status = 'HELD' AND NOT EXISTS ( \
+            sql: "SELECT a.id AS example FROM assets a WHERE a.status = 'HELD' AND NOT EXISTS ( \
                 SELECT 1 FROM reservations r WHERE r.id = a.current_reservation_id AND \
                     r.asset_id = a.id \
-                AND r.status = 'HELD' AND r.expires_at = a.hold_expires_at)",
-        postgres: None,
-        history: false,
-    },
-    Check {
-        name: "one_held_reservation_per_asset",
-        description: "At most one HELD reservation per asset.",
-        sql: "SELECT asset_id AS example FROM reservations WHERE status = 'HELD' GROUP BY \
-            asset_id HAVING count(*) > 1",
-        postgres: None,
-        history: false,
-    },
-    Check {
-        name: "committed_is_sold",
-        description: "Every COMMITTED reservation's asset is SOLD with it as current.",
-        sql: "SELECT r.id AS example FROM reservations r WHERE r.status = 'COMMITTED' AND NOT \
+                AND r.status || '' = 'HELD' AND r.expires_at = a.hold_expires_at)"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "one_held_reservation_per_asset",
+            description: "At most one HELD reservation per asset.",
+            sql: "SELECT asset_id AS example FROM reservations WHERE status = 'HELD' GROUP BY \
+            asset_id HAVING count(*) > 1"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "committed_is_sold",
+            description: "Every COMMITTED reservation's asset is SOLD with it as current.",
+            sql: "SELECT r.id AS example FROM reservations r WHERE r.status = 'COMMITTED' AND NOT \
             EXISTS ( \
                 SELECT 1 FROM assets a WHERE a.id = r.asset_id AND a.status = 'SOLD' AND \
-                    a.current_reservation_id = r.id)",
-        postgres: None,
-        history: false,
-    },
-    Check {
-        name: "refused_payments_have_their_refund",
-        description: "Every stored 409 that announced a refund points at that refund.",
-        sql: "SELECT i.key AS example FROM idempotency_keys i \
+                    a.current_reservation_id = r.id)"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "refused_payments_have_their_refund",
+            description: "Every stored 409 that announced a refund points at that refund.",
+            sql: "SELECT i.key AS example FROM idempotency_keys i \
               WHERE i.status_code = 409 AND json_extract(i.body, '$.refund.refund_id') IS NOT NULL \
               AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.id = json_extract(i.body, \
-                  '$.refund.refund_id'))",
-        postgres: Some(
-            "SELECT i.key AS example FROM idempotency_keys i \
+                  '$.refund.refund_id'))"
+                .into(),
+            postgres: Some(
+                "SELECT i.key AS example FROM idempotency_keys i \
              WHERE i.status_code = 409 AND (i.body::jsonb -> 'refund' ->> 'refund_id') IS NOT NULL \
              AND NOT EXISTS (SELECT 1 FROM refunds f WHERE f.id = i.body::jsonb -> 'refund' ->> \
-                 'refund_id')",
-        ),
-        history: false,
-    },
-    Check {
-        name: "payment_has_one_fate",
-        description: "Each payment reference (per payments client) bought one reservation or is \
+                 'refund_id')"
+                    .into(),
+            ),
+            history: false,
+        },
+        Check {
+            name: "payment_has_one_fate",
+            description:
+                "Each payment reference (per payments client) bought one reservation or is \
             refunded once, never both, never twice; a voided sale's own refund is part of its \
                 fate.",
-        sql: concat!(
-            "WITH ",
-            fates!(),
-            " SELECT scope || ' ' || reference AS example FROM fates WHERE scope <> '' \
-              GROUP BY scope, reference HAVING count(*) > 1 \
+            sql: format!(
+                "WITH {FATES} SELECT client || ' ' || reference AS example FROM fates \
+              WHERE client <> '' GROUP BY client, reference HAVING count(*) > 1 \
               UNION ALL \
-              SELECT DISTINCT n.scope || ' ' || n.reference FROM fates n JOIN fates o \
-                ON o.reference = n.reference AND o.scope = '' WHERE n.scope <> ''"
-        ),
-        postgres: None,
-        history: false,
-    },
-    Check {
-        name: "payments_record_their_fate",
-        description: "Every sale and every refund of a payment is its payment's recorded fate, \
+              SELECT DISTINCT n.client || ' ' || n.reference FROM fates n JOIN fates o \
+                ON o.reference = n.reference AND o.client = '' WHERE n.client <> ''"
+            ),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "payments_record_their_fate",
+            description:
+                "Every sale and every refund of a payment is its payment's recorded fate, \
             and every recorded fate is a sale or a refund.",
-        sql: concat!(
-            "WITH ",
-            fates!(),
-            " SELECT f.scope || ' ' || f.reference AS example FROM fates f WHERE f.scope <> '' \
-              AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.scope = f.scope AND p.reference = \
-                  f.reference \
+            sql: format!(
+                "WITH {FATES} SELECT f.client || ' ' || f.reference AS example FROM fates f \
+              WHERE f.client <> '' \
+              AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.client = f.client \
+                              AND p.reference = f.reference \
                               AND p.reservation_id = f.reservation_id \
                               AND (p.refund_id IS NULL) = (f.kind = 'kept')) \
               UNION ALL \
-              SELECT p.scope || ' ' || p.reference FROM payments p WHERE NOT EXISTS ( \
-                SELECT 1 FROM fates f WHERE f.scope = p.scope AND f.reference = p.reference \
-                AND f.reservation_id = p.reservation_id AND (p.refund_id IS NULL) = (f.kind = \
-                    'kept'))"
-        ),
-        postgres: None,
-        history: false,
-    },
-    Check {
-        name: "payment_fates_before_scopes",
-        description: "History: payment references kept and refunded, or refunded twice, before \
+              SELECT p.client || ' ' || p.reference FROM payments p WHERE NOT EXISTS ( \
+                SELECT 1 FROM fates f WHERE f.client = p.client AND f.reference = p.reference \
+                AND f.reservation_id = p.reservation_id \
+                AND (p.refund_id IS NULL) = (f.kind = 'kept'))"
+            ),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "payment_fates_before_scopes",
+            description:
+                "History: payment references kept and refunded, or refunded twice, before \
             each reference had one fate (recorded without their client). Listed for \
                 reconciliation; existing refunds are left as they are.",
-        sql: concat!(
-            "WITH ",
-            fates!(),
-            " SELECT reference AS example FROM fates WHERE scope = '' \
+            sql: format!(
+                "WITH {FATES} SELECT reference AS example FROM fates WHERE client = '' \
               GROUP BY reference HAVING count(*) > 1"
-        ),
-        postgres: None,
-        history: true,
-    },
-    Check {
-        name: "changes_have_their_events",
-        description: "Every state change and refund within the event retention has its event.",
-        sql: concat!(
-            "SELECT r.id AS example FROM reservations r WHERE r.created_at >= $1 AND (NOT ",
-            has_event!("reservation.held"),
-            " OR (r.status IN ('COMMITTED', 'VOIDED') AND NOT ",
-            has_event!("reservation.committed"),
-            ") OR (r.status = 'VOIDED' AND NOT ",
-            has_event!("reservation.voided"),
-            ") OR (r.status = 'RELEASED' AND NOT ",
-            has_event!("reservation.released"),
-            ") OR (r.status = 'EXPIRED' AND NOT ",
-            has_event!("reservation.expired"),
-            ")) UNION ALL SELECT f.id FROM refunds f WHERE f.created_at >= $1 AND NOT EXISTS ( \
-               SELECT 1 FROM events e WHERE e.asset_id = f.asset_id AND e.type = \
-                   'refund.requested' \
-               AND e.data LIKE '%\"refund_id\":\"' || f.id || '\"%')"
-        ),
-        postgres: None,
-        history: false,
-    },
-    Check {
-        name: "event_sequences_have_no_gaps",
-        description: "Each asset's event sequence runs without gaps or duplicates up to its last \
-            number.",
-        sql: "SELECT a.id AS example FROM assets a LEFT JOIN ( \
+            ),
+            postgres: None,
+            history: true,
+        },
+        Check {
+            name: "changes_have_their_events",
+            description: "Every state change and refund within the event retention has its event.",
+            sql: changes_have_their_events("instr"),
+            postgres: Some(changes_have_their_events("strpos")),
+            history: false,
+        },
+        Check {
+            name: "event_sequences_have_no_gaps",
+            description:
+                "Each asset's event sequence runs without gaps or duplicates up to its last \
+            number; with event retention, the events it kept do (an asset whose events were \
+                all purged has none to check).",
+            sql:
+                "SELECT a.id AS example FROM assets a LEFT JOIN ( \
                 SELECT asset_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi FROM \
                     events GROUP BY asset_id \
               ) s ON s.asset_id = a.id \
-              WHERE coalesce(s.hi, 0) <> a.last_event_sequence OR (s.n IS NOT NULL AND s.hi - \
-                  s.lo + 1 <> s.n)",
-        postgres: None,
-        history: false,
-    },
-    Check {
-        name: "voided_sales_are_over",
-        description: "No VOIDED reservation is its asset's current one, and no payment refunded \
+              WHERE (s.n IS NULL AND a.last_event_sequence <> 0 AND $1 < '1970-01-02T00:00:00Z') \
+                 OR (s.n IS NOT NULL AND (s.hi <> a.last_event_sequence OR s.hi - s.lo + 1 <> s.n))"
+                    .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "voided_sales_are_over",
+            description:
+                "No VOIDED reservation is its asset's current one, and no payment refunded \
             for a sale still pays for it.",
-        sql: "SELECT r.id AS example FROM reservations r JOIN assets a ON \
+            sql: "SELECT r.id AS example FROM reservations r JOIN assets a ON \
             a.current_reservation_id = r.id \
               WHERE r.status = 'VOIDED' \
               UNION ALL \
               SELECT f.id FROM refunds f WHERE f.reason = 'SALE_VOIDED' AND NOT EXISTS ( \
                 SELECT 1 FROM reservations r WHERE r.id = f.reservation_id AND r.status = \
-                    'VOIDED')",
-        postgres: None,
-        history: false,
-    },
-    Check {
-        name: "withdrawn_assets_are_free",
-        description: "A WITHDRAWN asset has no HELD reservation.",
-        sql: "SELECT a.id AS example FROM assets a WHERE a.status = 'WITHDRAWN' AND EXISTS ( \
-                SELECT 1 FROM reservations r WHERE r.asset_id = a.id AND r.status = 'HELD')",
-        postgres: None,
-        history: false,
-    },
-    Check {
-        name: "answers_point_at_changes",
-        description: "Every stored answer points at a reservation that exists and that its body \
+                    'VOIDED')"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "withdrawn_assets_are_free",
+            description: "A WITHDRAWN asset has no HELD reservation.",
+            sql: "SELECT a.id AS example FROM assets a WHERE a.status = 'WITHDRAWN' AND EXISTS ( \
+                SELECT 1 FROM reservations r WHERE r.asset_id = a.id AND r.status = 'HELD')"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "answers_point_at_changes",
+            description:
+                "Every stored answer points at a reservation that exists and that its body \
             names.",
-        sql: "SELECT i.scope || ' ' || i.key AS example FROM idempotency_keys i \
-              WHERE NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = i.reservation_id) \
-              OR (i.status_code IN (200, 201) AND i.body NOT LIKE '%' || i.reservation_id || '%')",
-        postgres: None,
-        history: false,
-    },
-];
+            sql: "SELECT i.client || ' ' || i.key AS example FROM idempotency_keys i \
+              WHERE i.reservation_id IS NOT NULL AND ( \
+                NOT EXISTS (SELECT 1 FROM reservations r WHERE r.id = i.reservation_id) \
+                OR (i.status_code IN (200, 201) \
+                    AND i.body NOT LIKE '%' || i.reservation_id || '%'))"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "waiting_assets_are_held",
+            description: "An asset that buyers wait for is HELD (by a live hold, or by a lapsed \
+                one whose hand-off to the first waiter is due): never AVAILABLE, SOLD or \
+                WITHDRAWN.",
+            sql: "SELECT a.id AS example FROM assets a WHERE a.waitlist_length > 0 \
+                AND a.status <> 'HELD'"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "waiting_lists_are_counted",
+            description: "Each asset's count of waiters is its number of queue entries, and \
+                every entry's place was handed out by its asset (positions, ranks of those \
+                places, are dense and unique).",
+            sql:
+                "SELECT a.id AS example FROM assets a \
+                LEFT JOIN (SELECT asset_id, count(*) AS n, max(seq) AS last FROM waitlist \
+                           GROUP BY asset_id) w ON w.asset_id = a.id \
+                WHERE a.waitlist_length <> coalesce(w.n, 0) OR coalesce(w.last, 0) > a.waitlist_seq"
+                    .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "attributes_are_indexed",
+            description: "Each asset's attributes are exactly its rows of the attribute index \
+                the list's filters read: one per attribute, of its type and value, and no row \
+                without its asset.",
+            sql: "SELECT a.id AS example FROM assets a \
+                LEFT JOIN (SELECT asset_id, count(*) AS n FROM asset_attributes \
+                           GROUP BY asset_id) c ON c.asset_id = a.id \
+                WHERE (SELECT count(*) FROM json_each(a.attributes)) <> coalesce(c.n, 0) \
+                UNION ALL \
+                SELECT x.asset_id FROM asset_attributes x LEFT JOIN assets a ON a.id = x.asset_id \
+                WHERE a.id IS NULL \
+                   OR json_type(a.attributes, '$.' || x.key) IS NOT \
+                      (CASE x.kind WHEN 'i' THEN 'integer' WHEN 'b' THEN x.value ELSE 'text' END) \
+                   OR (x.kind <> 'b' \
+                       AND CAST(json_extract(a.attributes, '$.' || x.key) AS TEXT) IS NOT x.value)"
+                .into(),
+            postgres: Some(
+                "SELECT a.id AS example FROM assets a \
+                LEFT JOIN (SELECT asset_id, count(*) AS n FROM asset_attributes \
+                           GROUP BY asset_id) c ON c.asset_id = a.id \
+                WHERE (SELECT count(*) FROM jsonb_object_keys(a.attributes::jsonb)) \
+                   <> coalesce(c.n, 0) \
+                UNION ALL \
+                SELECT x.asset_id FROM asset_attributes x LEFT JOIN assets a ON a.id = x.asset_id \
+                WHERE a.id IS NULL \
+                   OR jsonb_typeof(a.attributes::jsonb -> x.key) IS DISTINCT FROM \
+                      (CASE x.kind WHEN 'i' THEN 'number' WHEN 'b' THEN 'boolean' \
+                       ELSE 'string' END) \
+                   OR (a.attributes::jsonb ->> x.key) IS DISTINCT FROM x.value"
+                    .into(),
+            ),
+            history: false,
+        },
+        Check {
+            name: "asset_counts_are_kept",
+            description: "The counts kept of all, SOLD and WITHDRAWN assets (with their changes \
+                not folded in yet) are the assets' own.",
+            sql: "WITH kept AS (SELECT status, sum(n) AS n FROM (SELECT status, n FROM \
+                    asset_counts UNION ALL SELECT status, delta FROM asset_count_changes) u \
+                    GROUP BY status), \
+                actual AS (SELECT count(*) AS n_all, \
+                    coalesce(sum(CASE WHEN status = 'SOLD' THEN 1 ELSE 0 END), 0) AS n_sold, \
+                    coalesce(sum(CASE WHEN status = 'WITHDRAWN' THEN 1 ELSE 0 END), 0) \
+                        AS n_withdrawn FROM assets) \
+                SELECT k.status AS example FROM kept k, actual a \
+                 WHERE k.n <> CASE k.status WHEN 'ALL' THEN a.n_all WHEN 'SOLD' THEN a.n_sold \
+                                            ELSE a.n_withdrawn END"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
+            name: "handed_holds_have_their_event",
+            description: "Every hold made by an offer or handed to a waiter (within the event \
+                retention) has its reservation.held event saying so.",
+            sql: "SELECT r.id AS example FROM reservations r \
+                WHERE r.via IS NOT NULL AND r.created_at >= $1 AND NOT EXISTS ( \
+                  SELECT 1 FROM events e WHERE e.asset_id = r.asset_id \
+                  AND e.type = 'reservation.held' AND e.via = r.via \
+                  AND e.data LIKE '%\"reservation_id\":\"' || r.id || '\"%')"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+    ]
+}
+
+/// Runs every check, one statement each, and tells `progress` of each
+/// finding as it comes (with the time its statement took); `events_since`
+/// is the start of event retention (the checks' `$1`).
+pub(crate) async fn run(
+    store: &Store,
+    events_since: Timestamp,
+    progress: &(dyn Fn(&Finding, std::time::Duration) + Sync),
+) -> StoreResult<Vec<Finding>> {
+    let mut findings = Vec::new();
+    for check in checks() {
+        let started = std::time::Instant::now();
+        let (portable, own) = (
+            statement(&check.sql),
+            check.postgres.as_deref().map(statement),
+        );
+        let rows = store
+            .run("audit the invariants", async move |conn| {
+                let sql = match (conn.is_postgres(), own) {
+                    (true, Some(own)) => own,
+                    _ => portable,
+                };
+                let query = Sql::new(&sql).with(Bind::At(events_since));
+                conn.load_sql::<Row>(&query)
+                    .await
+                    .context("run an audit check")
+            })
+            .await?;
+        let found = finding(&check, rows);
+        progress(&found, started.elapsed());
+        findings.push(found);
+    }
+    Ok(findings)
+}
 
 /// One check in one statement: up to ten examples, each row carrying the
-/// count of all violating rows. `retention` is the backend's spelling of the
-/// `$1` parameter, which every check takes, used or not.
-pub(crate) fn statement(check_sql: &str, retention: &str) -> String {
+/// count of all violating rows. Every check takes `$1`, used or not.
+fn statement(check_sql: &str) -> String {
     format!(
         "SELECT example, count(*) OVER () AS n FROM ({check_sql}) v \
-         WHERE {retention} IS NULL OR TRUE ORDER BY example LIMIT 10"
+         WHERE $1 IS NULL OR TRUE ORDER BY example LIMIT 10"
     )
 }
 
 #[derive(QueryableByName)]
-pub(crate) struct Row {
+struct Row {
     #[diesel(sql_type = Text)]
     example: String,
     #[diesel(sql_type = BigInt)]
     n: i64,
 }
 
-pub(crate) fn finding(check: &Check, rows: Vec<Row>) -> Finding {
+fn finding(check: &Check, rows: Vec<Row>) -> Finding {
     Finding {
         name: check.name,
         description: check.description,

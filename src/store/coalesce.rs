@@ -39,11 +39,11 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
 
+use super::error::{StoreError, StoreResult};
 use super::home::Home;
-use super::{StoreError, StoreResult};
 
 type Waiter<O> = oneshot::Sender<Answer<O>>;
-type BatchFuture<O> = Pin<Box<dyn Future<Output = StoreResult<Vec<O>>> + Send>>;
+pub(crate) type BatchFuture<O> = Pin<Box<dyn Future<Output = StoreResult<Vec<O>>> + Send>>;
 type Runner<I, O> = dyn Fn(Vec<I>) -> BatchFuture<O> + Send + Sync;
 
 pub(crate) struct Coalescer<I, O> {

@@ -1,7 +1,8 @@
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 
-use super::outcome::WriteOutcome;
-use super::StoreResult;
+use crate::domain::WriteOutcome;
+
+pub type StoreResult<T> = Result<T, StoreError>;
 
 /// Why a store call failed. `Unavailable` means the database could not answer
 /// in time or at all (503); `outcome` says whether a COMMIT may have been sent.
@@ -12,6 +13,9 @@ pub enum StoreError {
         context: &'static str,
         reason: String,
         outcome: WriteOutcome,
+        /// The server answered that the statement did not take effect (a
+        /// timeout, a deadlock), as opposed to a connection that went away.
+        refused: bool,
     },
     #[error("database error while trying to {context}")]
     Query {
@@ -25,6 +29,10 @@ pub enum StoreError {
     Migration(String),
     #[error("stored data is inconsistent: {0}")]
     Corrupt(String),
+    /// A batch named existing assets (index, id) with other data; it wrote
+    /// nothing. An outcome, taken by the batch's use case.
+    #[error("the batch names {} existing assets with other data", .0.len())]
+    Conflicts(Vec<(usize, String)>),
 }
 
 impl StoreError {
@@ -44,11 +52,15 @@ impl StoreError {
     pub(crate) fn with_outcome(self, written: WriteOutcome) -> Self {
         match self {
             StoreError::Unavailable {
-                context, reason, ..
+                context,
+                reason,
+                refused,
+                ..
             } => StoreError::Unavailable {
                 context,
                 reason,
                 outcome: written,
+                refused,
             },
             other => other,
         }
@@ -78,10 +90,12 @@ impl StoreError {
                 context,
                 reason,
                 outcome,
+                refused,
             } => StoreError::Unavailable {
                 context,
                 reason: reason.clone(),
                 outcome: *outcome,
+                refused: *refused,
             },
             StoreError::Query { context, source } => StoreError::Query {
                 context,
@@ -90,6 +104,7 @@ impl StoreError {
             StoreError::Config(m) => StoreError::Config(m.clone()),
             StoreError::Migration(m) => StoreError::Migration(m.clone()),
             StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+            StoreError::Conflicts(c) => StoreError::Conflicts(c.clone()),
         }
     }
 
@@ -100,6 +115,16 @@ impl StoreError {
             context,
             reason: reason.to_string(),
             outcome: WriteOutcome::NotApplied,
+            refused: false,
+        }
+    }
+
+    /// Whether the server answered that what failed did not take effect.
+    pub(crate) fn refused(&self) -> bool {
+        match self {
+            StoreError::Unavailable { refused, .. } => *refused,
+            StoreError::Query { source, .. } => refused(source),
+            _ => false,
         }
     }
 
@@ -107,7 +132,12 @@ impl StoreError {
     /// 503) and everything else (a bug or a broken database, 500).
     pub fn from_diesel(context: &'static str, error: DieselError) -> Self {
         if is_transient(&error) {
-            return StoreError::unavailable(context, error);
+            return StoreError::Unavailable {
+                context,
+                refused: refused(&error),
+                reason: error.to_string(),
+                outcome: WriteOutcome::NotApplied,
+            };
         }
         if is_pooler_symptom(&error) {
             return StoreError::unavailable(
@@ -122,6 +152,26 @@ impl StoreError {
             context,
             source: error,
         }
+    }
+}
+
+/// An answer of the server that says the statement did not take effect, as
+/// opposed to a connection that went away without an answer.
+pub(crate) fn refused(error: &DieselError) -> bool {
+    match error {
+        DieselError::DatabaseError(kind, info) => {
+            !matches!(
+                kind,
+                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand
+            ) && ![
+                "terminating connection",
+                "connection closed",
+                "connection reset",
+            ]
+            .iter()
+            .any(|m| info.message().contains(m))
+        }
+        _ => false,
     }
 }
 
@@ -179,17 +229,6 @@ impl<T> Context<T> for Result<T, DieselError> {
     }
 }
 
-/// A query for one row that may not be there: the row, or `None`.
-pub(crate) trait Found<T> {
-    fn found(self, context: &'static str) -> Result<Option<T>, StoreError>;
-}
-
-impl<T> Found<T> for Result<T, DieselError> {
-    fn found(self, context: &'static str) -> Result<Option<T>, StoreError> {
-        diesel::OptionalExtension::optional(self).context(context)
-    }
-}
-
 /// True when `error` is a unique-constraint violation.
 pub(crate) fn is_unique_violation(error: &StoreError) -> bool {
     matches!(
@@ -214,19 +253,9 @@ pub(crate) enum Abort {
     Retry,
     /// Roll back: the caller gave up before the COMMIT.
     Abandoned,
+    /// Roll back: a batch named existing assets with other data.
+    Conflict(Vec<(usize, String)>),
     Failed(StoreError),
-}
-
-impl Abort {
-    /// How a transaction body ended: its value, or `on_retry` when it rolled
-    /// back for the caller to read again and decide again.
-    pub(crate) fn settle<T>(result: Result<T, Abort>, on_retry: T) -> StoreResult<T> {
-        match result {
-            Ok(value) => Ok(value),
-            Err(Abort::Retry) => Ok(on_retry),
-            Err(other) => Err(other.into_error()),
-        }
-    }
 }
 
 impl Abort {
@@ -234,6 +263,7 @@ impl Abort {
     pub(crate) fn into_error(self) -> StoreError {
         match self {
             Abort::Failed(e) => e,
+            Abort::Conflict(conflicts) => StoreError::Conflicts(conflicts),
             Abort::Retry => StoreError::unavailable("finish a transaction", "it was rolled back"),
             Abort::Abandoned => StoreError::unavailable(
                 "finish a transaction",

@@ -11,7 +11,9 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel::result::Error as DieselError;
+
+use super::error::{refused, Abort};
 
 pub use crate::domain::WriteOutcome;
 
@@ -68,16 +70,16 @@ impl Gate {
             .compare_exchange(COMMITTING, state, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    /// A write sent on its own failed while its rows were read: the driver
-    /// reports such a statement answered once the server bound it, so the
-    /// gate took it as committed. A refusal from the server means that it
-    /// wrote nothing, and the call has written what it had `before` it.
-    pub fn refused_while_read(&self, error: &DieselError, before: WriteOutcome) {
-        if refused(error) && before == WriteOutcome::NotApplied {
-            let _ = self
-                .0
-                .compare_exchange(COMMITTED, IDLE, Ordering::AcqRel, Ordering::Acquire);
-        }
+    /// A write sent on its own ended: what the call has written since.
+    fn settle(&self, state: u8) {
+        let _ = self
+            .0
+            .compare_exchange(COMMITTING, state, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// A COMMIT, or a write sent on its own, is in flight.
+    pub fn in_flight(&self) -> bool {
+        self.0.load(Ordering::Acquire) == COMMITTING
     }
 
     /// What this call may have written so far.
@@ -102,45 +104,36 @@ impl Gate {
     }
 }
 
-/// An answer of the server that says the statement did not take effect, as
-/// opposed to a connection that went away without an answer.
-fn refused(error: &DieselError) -> bool {
-    match error {
-        DieselError::DatabaseError(kind, info) => {
-            !matches!(
-                kind,
-                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand
-            ) && ![
-                "terminating connection",
-                "connection closed",
-                "connection reset",
-            ]
-            .iter()
-            .any(|m| info.message().contains(m))
-        }
-        _ => false,
+/// Runs `work`, one write statement sent on its own, which commits as it
+/// ends (PostgreSQL), marking the call's gate around it: once it succeeded
+/// something may have been written; a statement that wrote nothing
+/// ([`Abort::Retry`]) or that the server refused leaves the gate as it was;
+/// a connection lost meanwhile leaves its fate unknown.
+pub(crate) async fn sent_alone<T>(
+    work: impl std::future::Future<Output = Result<T, Abort>>,
+) -> Result<T, Abort> {
+    let Some(gate) = current() else {
+        return work.await;
+    };
+    let before = gate.outcome();
+    if !gate.open_commit() {
+        return Err(Abort::Abandoned);
     }
-}
-
-/// Sends a write on its own whose rows are read (`load`) with `send`. The
-/// driver reports such a statement answered once the server bound it,
-/// before it ran, so the gate takes it as committed; an error that comes
-/// with its rows is the statement's own, and the gate is told. `send` is
-/// called here, after the gate was read: diesel marks a statement started
-/// when its query is built, not when it is awaited.
-pub(crate) async fn write_alone<T, F>(send: impl FnOnce() -> F) -> Result<T, DieselError>
-where
-    F: std::future::Future<Output = Result<T, DieselError>>,
-{
-    let before = current().map(|gate| {
-        let before = gate.outcome();
-        (gate, before)
-    });
-    let result = send().await;
-    if let (Err(error), Some((gate, before))) = (&result, before) {
-        gate.refused_while_read(error, before);
+    let result = work.await;
+    match &result {
+        Ok(_) => gate.settle(COMMITTED),
+        Err(Abort::Retry) => gate.settle(state_of(before)),
+        Err(Abort::Failed(e)) if e.refused() => gate.settle(state_of(before)),
+        Err(_) => {}
     }
     result
+}
+
+fn state_of(outcome: WriteOutcome) -> u8 {
+    match outcome {
+        WriteOutcome::NotApplied => IDLE,
+        WriteOutcome::Unknown => COMMITTED,
+    }
 }
 
 tokio::task_local! {
@@ -159,13 +152,23 @@ pub(crate) fn current() -> Option<Arc<Gate>> {
 }
 
 /// Instrumentation of a PostgreSQL connection: it marks the current call's
-/// gate around every COMMIT and every write sent outside a transaction.
+/// gate around every COMMIT, and tells the pool which statements committed
+/// (each COMMIT, and each write sent on its own, which [`sent_alone`] marks
+/// on the gate before it is sent). It reads no statement's text.
 #[derive(Default)]
 pub(crate) struct CommitWatch {
     in_transaction: bool,
-    /// The statement in flight is a COMMIT or a write outside a transaction.
-    committing: bool,
+    /// What the statement in flight commits, if anything.
+    committing: Option<Committing>,
     before: Option<WriteOutcome>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Committing {
+    /// A transaction's COMMIT: this watch marks the gate.
+    Transaction,
+    /// A write sent on its own: [`sent_alone`] marks the gate.
+    Alone,
 }
 
 impl CommitWatch {
@@ -179,20 +182,27 @@ impl CommitWatch {
         match event {
             E::BeginTransaction { depth, .. } if depth.get() == 1 => self.in_transaction = true,
             E::RollbackTransaction { depth, .. } if depth.get() == 1 => self.in_transaction = false,
-            E::CommitTransaction { depth, .. } if depth.get() == 1 => self.open(),
-            E::StartQuery { query, .. } if !self.in_transaction && !self.committing => {
-                let mut first = FirstWord::default();
-                // Stops formatting after the first word (an Err ends `write!`).
-                let _ = std::fmt::Write::write_fmt(&mut first, format_args!("{query}"));
-                if writes(&first.0) {
-                    self.open();
+            E::CommitTransaction { depth, .. } if depth.get() == 1 => {
+                if let Some(gate) = current() {
+                    self.before = Some(gate.outcome());
+                    gate.open_commit();
                 }
+                self.committing = Some(Committing::Transaction);
             }
-            E::FinishQuery { error, .. } if self.committing => {
-                if let (Some(gate), Some(before)) = (current(), self.before) {
-                    gate.close_commit(error.map_or(Ok(()), Err), before);
+            E::StartQuery { .. }
+                if !self.in_transaction
+                    && self.committing.is_none()
+                    && current().is_some_and(|gate| gate.in_flight()) =>
+            {
+                self.committing = Some(Committing::Alone);
+            }
+            E::FinishQuery { error, .. } if self.committing.is_some() => {
+                if self.committing == Some(Committing::Transaction) {
+                    if let (Some(gate), Some(before)) = (current(), self.before) {
+                        gate.close_commit(error.map_or(Ok(()), Err), before);
+                    }
                 }
-                self.committing = false;
+                self.committing = None;
                 self.in_transaction = false;
                 return error.is_none();
             }
@@ -200,52 +210,41 @@ impl CommitWatch {
         }
         false
     }
+}
 
-    fn open(&mut self) {
-        if let Some(gate) = current() {
-            self.before = Some(gate.outcome());
-            gate.open_commit();
+/// Counts every statement a connection sends (each one a round trip), as
+/// `holdfast_db_statements_total`.
+pub(crate) fn statement_counter(
+) -> impl FnMut(diesel::connection::InstrumentationEvent<'_>) + Send + 'static {
+    let statements = metrics::counter!("holdfast_db_statements_total");
+    move |event| {
+        if let diesel::connection::InstrumentationEvent::StartQuery { .. } = event {
+            statements.increment(1);
         }
-        self.committing = true;
     }
 }
 
-/// The first word of a statement's text, read without formatting the rest.
-#[derive(Default)]
-struct FirstWord(String);
-
-impl std::fmt::Write for FirstWord {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        for c in s.chars() {
-            if c.is_whitespace() || c == '(' {
-                if !self.0.is_empty() {
-                    return Err(std::fmt::Error);
-                }
-            } else {
-                self.0.push(c);
-            }
+/// [`statement_counter`], and the marks of every COMMIT on the gate of the
+/// call that sends it (PostgreSQL, where calls run on the request's task);
+/// `committed` is called after each one that succeeded.
+pub(crate) fn watched_counter(
+    mut committed: impl FnMut() + Send + 'static,
+) -> impl FnMut(diesel::connection::InstrumentationEvent<'_>) + Send + 'static {
+    let mut count = statement_counter();
+    let mut watch = CommitWatch::default();
+    move |event| {
+        if watch.on_event(&event) {
+            committed();
         }
-        Ok(())
+        count(event);
     }
-}
-
-/// Whether a statement sent on its own may write (anything but a read).
-fn writes(sql: &str) -> bool {
-    let first = sql
-        .trim_start()
-        .split(|c: char| c.is_whitespace() || c == '(')
-        .next()
-        .unwrap_or_default()
-        .to_ascii_uppercase();
-    !matches!(
-        first.as_str(),
-        "SELECT" | "SET" | "SHOW" | "BEGIN" | "ROLLBACK" | "DISCARD" | ""
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::error::StoreError;
+    use diesel::result::DatabaseErrorKind;
 
     #[test]
     fn abandoned_before_the_commit_nothing_can_be_written() {
@@ -263,33 +262,49 @@ mod tests {
         assert_eq!(gate.outcome(), WriteOutcome::Unknown);
     }
 
-    #[test]
-    fn a_write_refused_while_its_rows_are_read_wrote_nothing() {
-        let failed =
-            |kind, message: &str| DieselError::DatabaseError(kind, Box::new(message.to_owned()));
-        let refusal = failed(
-            DatabaseErrorKind::Unknown,
-            "canceling statement due to lock timeout",
+    fn failed(kind: DatabaseErrorKind, message: &str) -> StoreError {
+        let error = DieselError::DatabaseError(kind, Box::new(message.to_owned()));
+        StoreError::from_diesel("write", error)
+    }
+
+    /// What a call has written after `results`, each a write sent on its own.
+    async fn after(results: Vec<Result<(), Abort>>) -> WriteOutcome {
+        let gate = Gate::new();
+        with_gate(gate.clone(), async {
+            for result in results {
+                let _ = sent_alone(async { result }).await;
+            }
+        })
+        .await;
+        gate.outcome()
+    }
+
+    #[tokio::test]
+    async fn a_write_sent_alone_is_applied_unless_refused_or_moved() {
+        let refusal = || {
+            failed(
+                DatabaseErrorKind::Unknown,
+                "canceling statement due to lock timeout",
+            )
+        };
+        let lost = || failed(DatabaseErrorKind::ClosedConnection, "connection closed");
+        assert_eq!(after(vec![Ok(())]).await, WriteOutcome::Unknown);
+        assert_eq!(
+            after(vec![Err(Abort::Retry)]).await,
+            WriteOutcome::NotApplied
         );
-        let gate = Gate::new();
-        assert!(gate.open_commit());
-        gate.close_commit(Ok(()), WriteOutcome::NotApplied);
-        gate.refused_while_read(&refusal, WriteOutcome::NotApplied);
-        assert_eq!(gate.outcome(), WriteOutcome::NotApplied);
-        // A connection lost while the rows came leaves it unknown.
-        assert!(gate.open_commit());
-        gate.close_commit(Ok(()), WriteOutcome::NotApplied);
-        let lost = failed(DatabaseErrorKind::ClosedConnection, "connection closed");
-        gate.refused_while_read(&lost, WriteOutcome::NotApplied);
-        assert_eq!(gate.outcome(), WriteOutcome::Unknown);
-        // What committed before it stays written.
-        let gate = Gate::new();
-        assert!(gate.open_commit());
-        gate.close_commit(Ok(()), WriteOutcome::NotApplied);
-        assert!(gate.open_commit());
-        gate.close_commit(Ok(()), WriteOutcome::Unknown);
-        gate.refused_while_read(&refusal, WriteOutcome::Unknown);
-        assert_eq!(gate.outcome(), WriteOutcome::Unknown);
+        assert_eq!(
+            after(vec![Err(refusal().into())]).await,
+            WriteOutcome::NotApplied
+        );
+        assert_eq!(after(vec![Err(lost().into())]).await, WriteOutcome::Unknown);
+        // What was written before stays written.
+        let refused_after_a_write = vec![Ok(()), Err(refusal().into())];
+        assert_eq!(after(refused_after_a_write).await, WriteOutcome::Unknown);
+        assert_eq!(
+            after(vec![Err(Abort::Retry), Ok(())]).await,
+            WriteOutcome::Unknown
+        );
     }
 
     #[test]
@@ -314,17 +329,5 @@ mod tests {
         assert!(gate.open_commit());
         gate.close_commit(Ok(()), WriteOutcome::NotApplied);
         assert_eq!(gate.abandon(), WriteOutcome::Unknown);
-    }
-
-    #[test]
-    fn reads_do_not_open_the_gate() {
-        assert!(!writes("SELECT now()"));
-        assert!(!writes("  select 1"));
-        assert!(!writes("SET LOCAL statement_timeout = 1"));
-        assert!(!writes("DISCARD PLANS"));
-        assert!(writes("INSERT INTO events VALUES (1)"));
-        assert!(writes("WITH live AS (SELECT 1) UPDATE assets SET x = 1"));
-        assert!(writes("UPDATE assets SET x = 1"));
-        assert!(writes(crate::store::postgres::HOLD_SQL));
     }
 }

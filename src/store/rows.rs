@@ -7,13 +7,61 @@ use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, HasSqlType, Integer, Nullable, Text};
 use diesel::QueryableByName;
 
-use super::flow::Snapshot;
+use super::api::{Delivery, FeedCursor, Rendered};
+use super::error::{StoreError, StoreResult};
 use super::schema::{assets, events, payments, refunds, reservations, Instant};
-use super::{Delivery, FeedCursor, StoreError, StoreResult, StoredAnswer};
 use crate::domain::{
-    Asset, AssetStatus, Event, EventId, EventType, HoldTarget, PaymentFate, Refund, RefundReason,
-    RefundStatus, Reservation, ReservationId, ReservationStatus, Timestamp,
+    Asset, AssetStatus, Event, EventId, EventType, PaymentFate, Price, Refund, RefundReason,
+    RefundStatus, Reservation, ReservationStatus, Timestamp, Via,
 };
+
+/// A consistent read: the database clock, the row, and the answer stored
+/// under the request's key, all from one snapshot.
+#[derive(Debug)]
+pub(crate) struct Snapshot<T> {
+    pub now: Timestamp,
+    pub row: Option<T>,
+    pub stored: Option<StoredAnswer>,
+    /// The fate of the payment a commit carries, when it has one.
+    pub fate: Option<PaymentFate>,
+}
+
+/// An answer found under an Idempotency-Key, and the request it answered.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredAnswer {
+    pub fingerprint: String,
+    pub answer: Rendered,
+}
+
+/// What a hold's first read reads for one request: asset id, key's client,
+/// key.
+pub(crate) type SnapshotInput = (String, String, String);
+
+/// One row of a hold's first read: the clock, the asset and the answer
+/// stored under the key.
+#[derive(QueryableByName, Clone)]
+pub(crate) struct HoldSnapshotRow {
+    #[diesel(embed)]
+    pub(crate) key: KeySnapshotRow,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) status: Option<String>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) hold_expires_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) available_from: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) current_reservation_id: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) price_amount: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) price_currency: Option<String>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub(crate) waitlist_length: Option<i32>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) holder_client: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) holder_buyer: Option<String>,
+}
 
 /// The reservations of a page with their refunds, by effective status at `now`.
 pub(crate) fn with_refunds(
@@ -38,13 +86,26 @@ pub(crate) fn with_refunds(
         .collect()
 }
 
-pub(crate) fn parse_status<T>(parse: fn(&str) -> Option<T>, text: &str) -> StoreResult<T> {
-    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown status {text:?}")))
+/// A price stored as its two columns.
+pub(crate) fn price_of(amount: Option<i64>, currency: Option<String>) -> Option<Price> {
+    Some(Price {
+        amount: amount?,
+        currency: currency?,
+    })
 }
 
-pub(crate) fn parse_reservation_id(text: &str) -> StoreResult<ReservationId> {
-    ReservationId::parse(text)
-        .ok_or_else(|| StoreError::Corrupt(format!("bad reservation id {text:?}")))
+/// A JSON column, as what it holds.
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> StoreResult<T> {
+    serde_json::from_str(text)
+        .map_err(|e| StoreError::Corrupt(format!("stored {what} {text:?}: {e}")))
+}
+
+pub(crate) fn parse_via(text: &str) -> StoreResult<Via> {
+    Via::parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown via {text:?}")))
+}
+
+pub(crate) fn parse_status<T>(parse: fn(&str) -> Option<T>, text: &str) -> StoreResult<T> {
+    parse(text).ok_or_else(|| StoreError::Corrupt(format!("unknown status {text:?}")))
 }
 
 #[derive(QueryableByName, Selectable, Queryable)]
@@ -59,12 +120,19 @@ pub(crate) struct AssetRow {
     pub(crate) created_at: Timestamp,
     pub(crate) updated_at: Timestamp,
     pub(crate) available_from: Option<Timestamp>,
+    pub(crate) price_amount: Option<i64>,
+    pub(crate) price_currency: Option<String>,
+    pub(crate) attributes: String,
+    pub(crate) waitlist_length: i32,
 }
 
 impl AssetRow {
     /// The asset as stored, its status not yet made effective.
     pub(crate) fn into_stored_asset(self) -> StoreResult<Asset> {
         Ok(Asset {
+            price: price_of(self.price_amount, self.price_currency),
+            attributes: from_json(&self.attributes, "attributes")?,
+            waitlist_length: i64::from(self.waitlist_length),
             id: self.id,
             name: self.name,
             status: parse_status(AssetStatus::parse, &self.status)?,
@@ -95,23 +163,6 @@ impl AssetRow {
     }
 }
 
-#[derive(QueryableByName)]
-pub(crate) struct NowAssetRow {
-    #[diesel(sql_type = Instant)]
-    pub(crate) now: Timestamp,
-    #[diesel(embed)]
-    pub(crate) asset: AssetRow,
-}
-
-/// An asset's snapshot: the asset as stored (if it exists) at `now`.
-pub(crate) fn asset_snapshot(
-    now: Timestamp,
-    row: Option<NowAssetRow>,
-) -> StoreResult<Snapshot<Asset>> {
-    let row = row.map(|r| r.asset.into_stored_asset()).transpose()?;
-    Ok(Snapshot::unkeyed(now, row))
-}
-
 #[derive(QueryableByName, Selectable, Queryable, Clone)]
 #[diesel(table_name = reservations, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
 pub(crate) struct ReservationRow {
@@ -124,9 +175,13 @@ pub(crate) struct ReservationRow {
     pub(crate) committed_at: Option<Timestamp>,
     pub(crate) released_at: Option<Timestamp>,
     pub(crate) payment_reference: Option<String>,
-    pub(crate) owner: String,
+    pub(crate) client: String,
     pub(crate) voided_at: Option<Timestamp>,
-    pub(crate) payment_scope: Option<String>,
+    pub(crate) payment_client: Option<String>,
+    pub(crate) price_amount: Option<i64>,
+    pub(crate) price_currency: Option<String>,
+    pub(crate) metadata: Option<String>,
+    pub(crate) via: Option<String>,
 }
 
 impl ReservationRow {
@@ -144,8 +199,15 @@ impl ReservationRow {
             payment_reference: self.payment_reference,
             voided_at: self.voided_at,
             refunds: Vec::new(),
-            owner: self.owner,
-            payment_scope: self.payment_scope,
+            price: price_of(self.price_amount, self.price_currency),
+            metadata: self
+                .metadata
+                .as_deref()
+                .map(|m| from_json(m, "metadata"))
+                .transpose()?,
+            via: self.via.as_deref().map(parse_via).transpose()?,
+            client: self.client,
+            payment_client: self.payment_client,
         })
     }
 }
@@ -158,6 +220,9 @@ pub(crate) struct TransitionRow {
     pub(crate) reservation: ReservationRow,
     #[diesel(sql_type = BigInt)]
     pub(crate) event_sequence: i64,
+    /// How many buyers wait for its asset.
+    #[diesel(sql_type = Integer)]
+    pub(crate) waiters: i32,
 }
 
 /// The columns of a LEFT JOINed reservation, all nullable.
@@ -182,11 +247,19 @@ pub(crate) struct MaybeReservationRow {
     #[diesel(sql_type = Nullable<Text>)]
     pub(crate) payment_reference: Option<String>,
     #[diesel(sql_type = Nullable<Text>)]
-    pub(crate) owner: Option<String>,
+    pub(crate) client: Option<String>,
     #[diesel(sql_type = Nullable<Instant>)]
     pub(crate) voided_at: Option<Timestamp>,
     #[diesel(sql_type = Nullable<Text>)]
-    pub(crate) payment_scope: Option<String>,
+    pub(crate) payment_client: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub(crate) price_amount: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) price_currency: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) metadata: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) via: Option<String>,
 }
 
 impl MaybeReservationRow {
@@ -219,9 +292,13 @@ impl MaybeReservationRow {
             committed_at: self.committed_at,
             released_at: self.released_at,
             payment_reference: self.payment_reference,
-            owner: self.owner.unwrap_or_default(),
+            client: self.client.unwrap_or_default(),
             voided_at: self.voided_at,
-            payment_scope: self.payment_scope,
+            payment_client: self.payment_client,
+            price_amount: self.price_amount,
+            price_currency: self.price_currency,
+            metadata: self.metadata,
+            via: self.via,
         }
         .into_reservation()
         .map(Some)
@@ -245,39 +322,19 @@ impl MaybeStoredRow {
     pub(crate) fn into_answer(self) -> Option<StoredAnswer> {
         Some(StoredAnswer {
             fingerprint: self.fingerprint?,
-            status: u16::try_from(self.status_code?).ok()?,
-            body: self.body?,
-            location: self.location,
+            answer: Rendered {
+                status: u16::try_from(self.status_code?).ok()?,
+                body: self.body?,
+                location: self.location,
+            },
         })
     }
 }
 
-#[derive(QueryableByName, Clone)]
-pub(crate) struct HoldSnapshotRow {
-    #[diesel(embed)]
-    pub(crate) key: KeySnapshotRow,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub(crate) status: Option<String>,
-    #[diesel(sql_type = Nullable<Instant>)]
-    pub(crate) hold_expires_at: Option<Timestamp>,
-    #[diesel(sql_type = Nullable<Instant>)]
-    pub(crate) available_from: Option<Timestamp>,
-}
-
-impl HoldSnapshotRow {
-    pub(crate) fn into_snapshot(self) -> StoreResult<Snapshot<HoldTarget>> {
-        let row = match self.status {
-            Some(s) => Some(HoldTarget {
-                status: parse_status(AssetStatus::parse, &s)?,
-                hold_expires_at: self.hold_expires_at,
-                available_from: self.available_from,
-            }),
-            None => None,
-        };
-        Ok(self.key.with_row(row))
-    }
-}
-
+/// One row of a reservation's first read: the reservation, the answer
+/// stored under the key and the payment's fate, with one of the
+/// reservation's refunds (one row per refund, oldest first; one row with
+/// none when it has none).
 #[derive(QueryableByName)]
 pub(crate) struct ReservationSnapshotRow {
     #[diesel(sql_type = Instant)]
@@ -288,16 +345,95 @@ pub(crate) struct ReservationSnapshotRow {
     pub(crate) stored: MaybeStoredRow,
     #[diesel(embed)]
     pub(crate) fate: MaybeFateRow,
+    #[diesel(embed)]
+    pub(crate) refund: MaybeRefundRow,
 }
 
 impl ReservationSnapshotRow {
-    pub(crate) fn into_snapshot(self) -> StoreResult<Snapshot<Reservation>> {
+    /// The snapshot the rows of one first read make: the reservation with
+    /// every refund it had at that read, by its effective status then.
+    pub(crate) fn into_snapshot(rows: Vec<Self>) -> StoreResult<Snapshot<Reservation>> {
+        let mut rows = rows.into_iter();
+        let first = rows
+            .next()
+            .ok_or_else(|| StoreError::Corrupt("a reservation's read answered no row".into()))?;
+        let mut refunds = Vec::new();
+        for refund in std::iter::once(first.refund).chain(rows.map(|r| r.refund)) {
+            refunds.extend(refund.into_refund()?);
+        }
+        let row = first.reservation.into_reservation()?.map(|mut r| {
+            r.refunds = refunds;
+            r.effective(first.now)
+        });
         Ok(Snapshot {
-            now: self.now,
-            row: self.reservation.into_reservation()?,
-            stored: self.stored.into_answer(),
-            fate: self.fate.into_fate(),
+            now: first.now,
+            row,
+            stored: first.stored.into_answer(),
+            fate: first.fate.into_fate(),
         })
+    }
+}
+
+/// The columns of a LEFT JOINed refund, all nullable.
+#[derive(QueryableByName)]
+pub(crate) struct MaybeRefundRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) refund_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) refund_reservation_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) refund_asset_id: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) refund_payment_reference: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) refund_reason: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) refund_status: Option<String>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) refund_created_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    pub(crate) refund_completed_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(crate) refund_payment_client: Option<String>,
+}
+
+impl MaybeRefundRow {
+    pub(crate) fn into_refund(self) -> StoreResult<Option<Refund>> {
+        let (
+            Some(id),
+            Some(reservation_id),
+            Some(asset_id),
+            Some(payment_reference),
+            Some(reason),
+            Some(status),
+            Some(created_at),
+            Some(payment_client),
+        ) = (
+            self.refund_id,
+            self.refund_reservation_id,
+            self.refund_asset_id,
+            self.refund_payment_reference,
+            self.refund_reason,
+            self.refund_status,
+            self.refund_created_at,
+            self.refund_payment_client,
+        )
+        else {
+            return Ok(None);
+        };
+        RefundRow {
+            id,
+            reservation_id,
+            asset_id,
+            payment_reference,
+            reason,
+            status,
+            created_at,
+            completed_at: self.refund_completed_at,
+            payment_client,
+        }
+        .into_refund()
+        .map(Some)
     }
 }
 
@@ -319,29 +455,14 @@ impl MaybeFateRow {
     }
 }
 
-/// One payment reference's fate in one scope.
+/// One payment reference's fate for one payments client.
 #[derive(Selectable, Queryable, QueryableByName)]
 #[diesel(table_name = payments, check_for_backend(diesel::pg::Pg, diesel::sqlite::Sqlite))]
 pub(crate) struct PaymentRow {
-    pub(crate) scope: String,
+    pub(crate) client: String,
     pub(crate) reference: String,
     pub(crate) reservation_id: String,
     pub(crate) refund_id: Option<String>,
-}
-
-#[derive(QueryableByName)]
-pub(crate) struct Claimed {
-    #[diesel(sql_type = BigInt)]
-    pub(crate) claimed: i64,
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    pub(crate) limit_reached: bool,
-}
-
-/// Whether the end of a live hold found it live and wrote it.
-#[derive(QueryableByName)]
-pub(crate) struct Ended {
-    #[diesel(sql_type = BigInt)]
-    pub(crate) ended: i64,
 }
 
 #[derive(Selectable, Queryable, QueryableByName)]
@@ -355,7 +476,7 @@ pub(crate) struct RefundRow {
     pub(crate) status: String,
     pub(crate) created_at: Timestamp,
     pub(crate) completed_at: Option<Timestamp>,
-    pub(crate) payment_scope: String,
+    pub(crate) payment_client: String,
 }
 
 impl RefundRow {
@@ -369,7 +490,7 @@ impl RefundRow {
             status: parse_status(RefundStatus::parse, &self.status)?,
             created_at: self.created_at,
             completed_at: self.completed_at,
-            payment_scope: self.payment_scope,
+            payment_client: self.payment_client,
         })
     }
 }
@@ -383,8 +504,9 @@ pub(crate) struct EventRow {
     pub(crate) event_type: String,
     pub(crate) data: String,
     pub(crate) created_at: Timestamp,
-    pub(crate) owner: Option<String>,
+    pub(crate) client: Option<String>,
     pub(crate) actor: Option<String>,
+    pub(crate) via: Option<String>,
 }
 
 impl EventRow {
@@ -399,12 +521,13 @@ impl EventRow {
             created_at: self.created_at,
             data,
             actor: self.actor,
-            owner: self.owner,
+            via: self.via.as_deref().map(parse_via).transpose()?,
+            client: self.client,
         })
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct NewEvent {
     pub(crate) id: String,
     pub(crate) asset_id: String,
@@ -413,9 +536,12 @@ pub(crate) struct NewEvent {
     pub(crate) event_type: EventType,
     pub(crate) data: String,
     pub(crate) created_at: Timestamp,
-    /// The reservation the event reports, whose owner the event records.
+    /// The reservation the event reports, whose client the event records.
     pub(crate) reservation_id: Option<String>,
     pub(crate) actor: Option<String>,
+    pub(crate) via: Option<Via>,
+    /// The client it is about, when it reports no reservation.
+    pub(crate) client: Option<String>,
 }
 
 impl NewEvent {
@@ -434,6 +560,8 @@ impl NewEvent {
             created_at,
             reservation_id: None,
             actor: None,
+            via: None,
+            client: None,
         }
     }
 
@@ -449,9 +577,16 @@ impl NewEvent {
         self
     }
 
-    /// The insert statement `sql` with the event bound as its first eight
+    /// How the hold it reports was made.
+    pub(crate) fn via(mut self, via: Option<Via>) -> Self {
+        self.via = via;
+        self
+    }
+
+    /// The insert statement `sql` with the event bound as its first ten
     /// parameters: id, asset, sequence, type, data, creation, the reservation
-    /// it reports (whose owner it records) and the actor.
+    /// it reports (whose client it records), the actor, how the hold it
+    /// reports was made, and the client it names.
     pub(crate) fn bound<DB>(&self, sql: &str) -> BoxedSqlQuery<'_, DB, SqlQuery>
     where
         DB: Backend + HasSqlType<Text> + HasSqlType<BigInt> + HasSqlType<Instant>,
@@ -469,12 +604,14 @@ impl NewEvent {
             .bind::<Instant, _>(self.created_at)
             .bind::<Nullable<Text>, _>(self.reservation_id.as_deref())
             .bind::<Nullable<Text>, _>(self.actor.as_deref())
+            .bind::<Nullable<Text>, _>(self.via.map(Via::as_str))
+            .bind::<Nullable<Text>, _>(self.client.as_deref())
     }
 }
 
 /// The columns of an [`EventRow`] in raw SQL (`type` is a keyword in Rust).
 pub(crate) const EVENT_COLUMNS: &str =
-    "id, asset_id, sequence, type AS event_type, data, created_at, owner, actor";
+    "id, asset_id, sequence, type AS event_type, data, created_at, client, actor, via";
 
 /// An event claimed for delivery, with the attempt it is on.
 #[derive(QueryableByName)]
@@ -550,10 +687,4 @@ pub(crate) struct StatusCountRow {
     pub(crate) status: String,
     #[diesel(sql_type = BigInt)]
     pub(crate) n: i64,
-}
-
-impl StatusCountRow {
-    pub(crate) fn into_count(self) -> StoreResult<(AssetStatus, i64)> {
-        Ok((parse_status(AssetStatus::parse, &self.status)?, self.n))
-    }
 }

@@ -64,6 +64,11 @@ diesel::table! {
         created_at -> Instant,
         updated_at -> Instant,
         available_from -> Nullable<Instant>,
+        price_amount -> Nullable<Int8>,
+        price_currency -> Nullable<Text>,
+        attributes -> Text,
+        waitlist_length -> Int4,
+        waitlist_seq -> Int8,
     }
 }
 
@@ -81,9 +86,13 @@ diesel::table! {
         committed_at -> Nullable<Instant>,
         released_at -> Nullable<Instant>,
         payment_reference -> Nullable<Text>,
-        owner -> Text,
+        client -> Text,
         voided_at -> Nullable<Instant>,
-        payment_scope -> Nullable<Text>,
+        payment_client -> Nullable<Text>,
+        price_amount -> Nullable<Int8>,
+        price_currency -> Nullable<Text>,
+        metadata -> Nullable<Text>,
+        via -> Nullable<Text>,
     }
 }
 
@@ -100,7 +109,7 @@ diesel::table! {
         status -> Text,
         created_at -> Instant,
         completed_at -> Nullable<Instant>,
-        payment_scope -> Text,
+        payment_client -> Text,
     }
 }
 
@@ -121,8 +130,9 @@ diesel::table! {
         delivered_at -> Nullable<Instant>,
         dead_at -> Nullable<Instant>,
         last_error -> Nullable<Text>,
-        owner -> Nullable<Text>,
+        client -> Nullable<Text>,
         actor -> Nullable<Text>,
+        via -> Nullable<Text>,
     }
 }
 
@@ -130,14 +140,14 @@ diesel::table! {
     use diesel::sql_types::*;
     use super::Instant;
 
-    idempotency_keys (scope, key) {
-        scope -> Text,
+    idempotency_keys (client, key) {
+        client -> Text,
         key -> Text,
         fingerprint -> Text,
         status_code -> Int4,
         body -> Text,
         location -> Nullable<Text>,
-        reservation_id -> Text,
+        reservation_id -> Nullable<Text>,
         created_at -> Instant,
     }
 }
@@ -146,8 +156,8 @@ diesel::table! {
     use diesel::sql_types::*;
     use super::Instant;
 
-    payments (scope, reference) {
-        scope -> Text,
+    payments (client, reference) {
+        client -> Text,
         reference -> Text,
         reservation_id -> Text,
         refund_id -> Nullable<Text>,

@@ -1,10 +1,9 @@
 //! SQLite, the embedded default: diesel with the bundled library, an r2d2
 //! pool of readers and a single writer connection, WAL, and `BEGIN IMMEDIATE`
 //! for every write transaction. All work runs on blocking threads. The
-//! process clock is this database's clock. What only SQLite does lives here:
-//! the hold's statements, the expiry of lapsed holds, the event positions
-//! and the delivery claims; every other statement is shared
-//! ([`super::statements::lite`]).
+//! process clock is this database's clock. This module opens the pools, runs
+//! work on them, and backs the database up and restores it; the statements
+//! themselves are in the transition and read modules.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,29 +14,17 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use diesel::r2d2::{ConnectionManager, CustomizeConnection, Pool, PooledConnection};
 use diesel::sql_query;
-use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::sqlite::{Sqlite, SqliteConnection};
+use diesel::sql_types::{BigInt, Text};
+use diesel::sqlite::SqliteConnection;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use tokio::sync::Semaphore;
 
+use super::api::{PoolStatus, SqliteSynchronous, StoreSettings};
 use super::error::{Abort, Context};
-use super::flow::{
-    expired_event, Assemble, Backend, Claim, Fates, HoldDraft, Purge, Snapshot, Target,
-};
+use super::error::{StoreError, StoreResult};
 use super::home::Home;
-use super::rows::{
-    asset_snapshot, ClaimedRow, Count, FeedRow, HoldSnapshotRow, KeySnapshotRow, NewEvent,
-    NowAssetRow, ReservationRow, ReservationSnapshotRow, EVENT_COLUMNS,
-};
-use super::schema::Instant;
-use super::statements::lite as shared;
-use super::{
-    CompleteRefundRequest, Delivery, DeliveryResult, FeedCursor, FeedPage, HoldRequest,
-    Idempotency, PoolStatus, StoreError, StoreResult, StoreSettings,
-};
-use crate::domain::{
-    Asset, AssetId, Event, EventType, HoldTarget, Refund, Reservation, ReservationId, Timestamp,
-};
+use super::rows::Count;
+use crate::domain::Timestamp;
 
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
 
@@ -57,7 +44,7 @@ struct Pragmas {
 
 impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for Pragmas {
     fn on_acquire(&self, conn: &mut SqliteConnection) -> Result<(), diesel::r2d2::Error> {
-        conn.set_instrumentation(super::statement_counter());
+        conn.set_instrumentation(super::outcome::statement_counter());
         conn.batch_execute(&format!(
             "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = {}; \
              PRAGMA foreign_keys = ON;",
@@ -74,7 +61,7 @@ pub struct SqliteStore {
     /// One connection: writers queue here instead of spinning on SQLite's lock.
     writer: Lane,
     path: PathBuf,
-    settings: StoreSettings,
+    synchronous: SqliteSynchronous,
 }
 
 impl SqliteStore {
@@ -112,7 +99,7 @@ impl SqliteStore {
             readers,
             writer,
             path,
-            settings: settings.clone(),
+            synchronous: settings.sqlite_synchronous,
         })
     }
 
@@ -120,7 +107,7 @@ impl SqliteStore {
         format!(
             "SQLite at {} (synchronous = {})",
             self.path.display(),
-            self.settings.sqlite_synchronous.as_pragma()
+            self.synchronous.as_pragma()
         )
     }
 
@@ -142,10 +129,6 @@ impl SqliteStore {
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    pub fn settings(&self) -> &StoreSettings {
-        &self.settings
     }
 
     /// Readers and the writer together; r2d2 does not count its waiters.
@@ -171,7 +154,11 @@ impl SqliteStore {
     /// Runs `work` in a `BEGIN IMMEDIATE` transaction on the writer. The
     /// work goes on on its blocking thread even when the call gives up: it
     /// commits only if the call's gate is still open, else it rolls back.
-    async fn write<T, F>(&self, context: &'static str, work: F) -> StoreResult<Result<T, Abort>>
+    pub(crate) async fn write<T, F>(
+        &self,
+        context: &'static str,
+        work: F,
+    ) -> StoreResult<Result<T, Abort>>
     where
         T: Send + 'static,
         F: FnOnce(&mut SqliteConnection) -> Result<T, Abort> + Send + 'static,
@@ -190,22 +177,11 @@ impl SqliteStore {
                 Ok(value)
             });
             if let (true, Some(gate), Ok(_)) = (opened, &gate, &result) {
-                gate.close_commit(Ok(()), super::WriteOutcome::NotApplied);
+                gate.close_commit(Ok(()), crate::domain::WriteOutcome::NotApplied);
             }
             Ok(result)
         })
         .await
-    }
-
-    /// Runs one shared write in its own transaction at the write's clock.
-    pub(crate) async fn write_now<T, F>(&self, context: &'static str, work: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut SqliteConnection, Timestamp) -> StoreResult<T> + Send + 'static,
-    {
-        self.write(context, move |c| Ok(work(c, clock())?))
-            .await?
-            .map_err(Abort::into_error)
     }
 
     pub async fn migrate(&self) -> StoreResult<()> {
@@ -213,13 +189,6 @@ impl SqliteStore {
             conn.run_pending_migrations(MIGRATIONS)
                 .map(|_| ())
                 .map_err(|e| StoreError::Migration(e.to_string()))
-        })
-        .await
-    }
-
-    pub async fn ping(&self) -> StoreResult<()> {
-        self.read("answer a ping", |c| {
-            c.batch_execute("SELECT 1").context("answer a ping")
         })
         .await
     }
@@ -331,10 +300,6 @@ fn last_position(path: &Path) -> Option<i64> {
         .map(|c| c.n)
 }
 
-fn abort_to_error(abort: Abort) -> StoreError {
-    abort.into_error()
-}
-
 /// A pool, and as many permits as it has connections. A call waits for a
 /// permit before it takes a blocking thread, so that no more threads wait
 /// for the pool than it has connections: under load, the queue is of tasks,
@@ -375,423 +340,4 @@ where
         .spawn_blocking(call)
         .await
         .map_err(|e| StoreError::unavailable(context, format!("the database task ended: {e}")))?
-}
-
-impl Backend for SqliteStore {
-    /// Writes are serialised, so position order is commit order.
-    async fn event_feed(&self, page: FeedPage) -> StoreResult<Vec<(FeedCursor, Event)>> {
-        self.read("read the event feed", move |c| {
-            let sql = if page.dead {
-                format!(
-                    "SELECT 0 AS tx, position, {EVENT_COLUMNS} FROM events WHERE dead_at IS \
-                    NOT NULL AND position > ? \
-                 ORDER BY position LIMIT ?"
-                )
-            } else {
-                format!(
-                    "SELECT 0 AS tx, position, {EVENT_COLUMNS} FROM events WHERE position > \
-                    ? ORDER BY position LIMIT ?"
-                )
-            };
-            let rows = sql_query(sql)
-                .bind::<BigInt, _>(page.after.position)
-                .bind::<BigInt, _>(page.limit)
-                .load::<FeedRow>(c)
-                .context("read the event feed")?;
-            rows.into_iter().map(FeedRow::into_entry).collect()
-        })
-        .await
-    }
-
-    async fn claim_deliveries(&self, limit: i64, lease: Duration) -> StoreResult<Vec<Delivery>> {
-        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::seconds(60));
-        let rows = self
-            .write("claim events to deliver", move |c| {
-                let now = clock();
-                Ok(sql_query(format!(
-                    "UPDATE events SET attempts = attempts + 1, next_attempt_at = ?1 \
-                     WHERE id IN (SELECT id FROM events \
-                                  WHERE delivered_at IS NULL AND dead_at IS NULL \
-                                    AND (next_attempt_at IS NULL OR next_attempt_at <= ?2) \
-                                  ORDER BY position LIMIT ?3) \
-                     RETURNING {EVENT_COLUMNS}, attempts"
-                ))
-                .bind::<Instant, _>(now + lease)
-                .bind::<Instant, _>(now)
-                .bind::<BigInt, _>(limit)
-                .load::<ClaimedRow>(c)
-                .context("claim events to deliver")?)
-            })
-            .await?
-            .map_err(abort_to_error)?;
-        rows.into_iter().map(ClaimedRow::into_delivery).collect()
-    }
-
-    async fn finish_delivery(&self, id: &str, result: &DeliveryResult) -> StoreResult<()> {
-        let id = id.to_owned();
-        let result = result.clone();
-        self.write("record a delivery", move |c| {
-            let now = clock();
-            let (delivered, dead, next, error) = match result {
-                DeliveryResult::Delivered => (Some(now), None, None, None),
-                DeliveryResult::Failed {
-                    error,
-                    retry_in: Some(delay),
-                } => (
-                    None,
-                    None,
-                    Some(
-                        now + chrono::Duration::from_std(delay)
-                            .unwrap_or(chrono::Duration::hours(1)),
-                    ),
-                    Some(error),
-                ),
-                DeliveryResult::Failed {
-                    error,
-                    retry_in: None,
-                } => (None, Some(now), None, Some(error)),
-            };
-            sql_query(
-                "UPDATE events SET delivered_at = ?, dead_at = ?, next_attempt_at = ?, \
-                    last_error = ? WHERE id = ?",
-            )
-            .bind::<Nullable<Instant>, _>(delivered)
-            .bind::<Nullable<Instant>, _>(dead)
-            .bind::<Nullable<Instant>, _>(next)
-            .bind::<Nullable<Text>, _>(error)
-            .bind::<Text, _>(id)
-            .execute(c)
-            .context("record a delivery")?;
-            Ok(())
-        })
-        .await?
-        .map_err(abort_to_error)
-    }
-
-    async fn refund_snapshot(&self, req: &CompleteRefundRequest) -> StoreResult<Snapshot<Refund>> {
-        let (id, idempotency) = (req.refund_id.to_string(), req.idempotency.clone());
-        self.read("read the refund", move |c| {
-            let key = sql_query(
-                "SELECT ? AS now, i.fingerprint, i.status_code, i.body, i.location \
-                 FROM (SELECT 1) AS one LEFT JOIN idempotency_keys i ON i.scope = ? AND i.key = ?",
-            )
-            .bind::<Instant, _>(clock())
-            .bind::<Text, _>(idempotency.scope)
-            .bind::<Text, _>(idempotency.key.into_inner())
-            .get_result::<KeySnapshotRow>(c)
-            .context("read the idempotency key")?;
-            Ok(key.with_row(shared::refund(c, &id)?))
-        })
-        .await
-    }
-
-    async fn asset_snapshot(&self, id: &AssetId) -> StoreResult<Snapshot<Asset>> {
-        let id = id.to_string();
-        self.read("read an asset", move |c| {
-            let now = clock();
-            let row = sql_query("SELECT ? AS now, * FROM assets WHERE id = ?")
-                .bind::<Instant, _>(now)
-                .bind::<Text, _>(id)
-                .get_result::<NowAssetRow>(c)
-                .optional()
-                .context("read an asset")?;
-            asset_snapshot(now, row)
-        })
-        .await
-    }
-
-    async fn expire_batch(&self, limit: i64) -> StoreResult<u64> {
-        let expired = self
-            .write("expire lapsed holds", move |c| {
-                Ok(expire_lapsed(c, None, clock(), limit)?)
-            })
-            .await?
-            .map_err(abort_to_error)?;
-        Ok(expired as u64)
-    }
-
-    /// The purge statements take the rows created before the clock less the
-    /// retention (?1), `limit` (?2) at a time.
-    async fn purge_batch(&self, what: Purge, limit: i64, retention: Duration) -> StoreResult<u64> {
-        let sql = match what {
-            Purge::Keys => PURGE_KEYS_SQL,
-            Purge::Events => PURGE_EVENTS_SQL,
-        };
-        let age = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
-        let purged = self
-            .write(what.context(), move |c| {
-                // A retention too long to count back from keeps every row.
-                let Some(before) = clock().checked_sub_signed(age) else {
-                    return Ok(0);
-                };
-                Ok(sql_query(sql)
-                    .bind::<Instant, _>(before)
-                    .bind::<BigInt, _>(limit)
-                    .execute(c)
-                    .context(what.context())?)
-            })
-            .await?
-            .map_err(abort_to_error)?;
-        Ok(purged as u64)
-    }
-
-    async fn hold_snapshot(&self, req: &HoldRequest) -> StoreResult<Snapshot<HoldTarget>> {
-        let (asset, idempotency) = (req.asset_id.to_string(), req.idempotency.clone());
-        self.read("read the asset to hold", move |c| {
-            sql_query(
-                "SELECT ? AS now, a.status, a.hold_expires_at, a.available_from, \
-                        i.fingerprint, i.status_code, i.body, i.location \
-                 FROM (SELECT 1) AS one \
-                 LEFT JOIN assets a ON a.id = ? \
-                 LEFT JOIN idempotency_keys i ON i.scope = ? AND i.key = ?",
-            )
-            .bind::<Instant, _>(clock())
-            .bind::<Text, _>(asset)
-            .bind::<Text, _>(idempotency.scope)
-            .bind::<Text, _>(idempotency.key.into_inner())
-            .get_result::<HoldSnapshotRow>(c)
-            .context("read the asset to hold")?
-            .into_snapshot()
-        })
-        .await
-    }
-
-    async fn claim(&self, draft: &HoldDraft<'_>, reclaim: bool) -> StoreResult<Claim> {
-        let r = draft.reservation.clone();
-        let idem = draft.request.idempotency.clone();
-        let reply = draft.reply.clone();
-        let event_id = draft.event_id.to_string();
-        let limit = draft.request.max_live_holds;
-        let result = self
-            .write("hold the asset", move |c| {
-                let now = r.created_at;
-                if let Some(limit) = limit {
-                    // Writes are serialised: this count is current.
-                    let live = sql_query(
-                        "SELECT count(*) AS n FROM reservations \
-                         WHERE owner = ? AND buyer_id = ? AND status = 'HELD' AND expires_at > ?",
-                    )
-                    .bind::<Text, _>(&r.owner)
-                    .bind::<Text, _>(&r.buyer_id)
-                    .bind::<Instant, _>(now)
-                    .get_result::<Count>(c)
-                    .context("count the buyer's live holds")?;
-                    if live.n >= limit {
-                        return Ok(Claim::LimitReached);
-                    }
-                }
-                if reclaim {
-                    expire_lapsed(c, Some(&r.asset_id), now, 1)?;
-                }
-                let sequence = sql_query(
-                    "UPDATE assets SET status = 'HELD', hold_expires_at = ?, \
-                        current_reservation_id = ?, \
-                            version = version + 1, last_event_sequence = last_event_sequence + \
-                                1, updated_at = ? \
-                     WHERE id = ? AND status = 'AVAILABLE' AND (available_from IS NULL OR \
-                         available_from <= ?) \
-                     RETURNING last_event_sequence",
-                )
-                .bind::<Instant, _>(r.expires_at)
-                .bind::<Text, _>(&r.reservation_id)
-                .bind::<Instant, _>(now)
-                .bind::<Text, _>(&r.asset_id)
-                .bind::<Instant, _>(now)
-                .get_result::<Sequence>(c)
-                .optional()
-                .context("hold the asset")?;
-                let Some(sequence) = sequence else {
-                    return Err(Abort::Retry);
-                };
-                sql_query(
-                    "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, \
-                        created_at, owner) \
-                     VALUES (?, ?, ?, 'HELD', ?, ?, ?)",
-                )
-                .bind::<Text, _>(&r.reservation_id)
-                .bind::<Text, _>(&r.asset_id)
-                .bind::<Text, _>(&r.buyer_id)
-                .bind::<Instant, _>(r.expires_at)
-                .bind::<Instant, _>(now)
-                .bind::<Text, _>(&r.owner)
-                .execute(c)
-                .context("record the reservation")?;
-                let mut event = NewEvent::new(
-                    &r.asset_id,
-                    EventType::ReservationHeld,
-                    reply.body.clone(),
-                    now,
-                )
-                .about(&r.reservation_id);
-                event.id = event_id;
-                event.sequence = sequence.last_event_sequence;
-                insert_event(c, &event)?;
-                shared::store_answer(c, &idem, &reply, &r.reservation_id, now)?;
-                Ok(Claim::Claimed)
-            })
-            .await?;
-        Abort::settle(result, Claim::Taken)
-    }
-
-    async fn reservation_snapshot(&self, target: Target<'_>) -> StoreResult<Snapshot<Reservation>> {
-        let (id, idempotency) = (target.id.to_string(), target.idempotency.clone());
-        let scope = target.payment.map(|p| p.scope.to_owned());
-        let reference = target.payment.map(|p| p.reference.to_owned());
-        self.read("read the reservation", move |c| {
-            sql_query(RESERVATION_SNAPSHOT_SQL)
-                .bind::<Instant, _>(clock())
-                .bind::<Text, _>(id)
-                .bind::<Text, _>(idempotency.scope)
-                .bind::<Text, _>(idempotency.key.into_inner())
-                .bind::<Nullable<Text>, _>(scope)
-                .bind::<Nullable<Text>, _>(reference)
-                .get_result::<ReservationSnapshotRow>(c)
-                .context("read the reservation")?
-                .into_snapshot()
-        })
-        .await
-    }
-
-    async fn payment_fates(&self, scope: Option<&str>, reference: &str) -> StoreResult<Fates> {
-        let (scope, reference) = (scope.map(str::to_owned), reference.to_owned());
-        self.read("read a payment", move |c| {
-            let now = clock();
-            let rows = shared::payment_fates(c, scope.as_deref(), &reference)?;
-            Ok(Fates { now, rows })
-        })
-        .await
-    }
-
-    async fn reload(&self, id: &ReservationId, now: Timestamp) -> StoreResult<Reservation> {
-        let id = id.to_string();
-        self.read("read a reservation", move |c| shared::reload(c, &id, now))
-            .await
-    }
-
-    async fn transition<T: Send + 'static>(
-        &self,
-        change: super::flow::Change,
-        idempotency: Option<&Idempotency>,
-        assemble: Assemble<T>,
-    ) -> StoreResult<Option<T>> {
-        let idempotency = idempotency.cloned();
-        let result = self
-            .write("change the reservation", move |c| {
-                // Judged at the write's own clock, after any wait for the writer.
-                let now = match &change {
-                    super::flow::Change::Refund { refund, .. } => refund.created_at,
-                    _ => clock(),
-                };
-                let Some(changed) = shared::apply(c, &change, now)? else {
-                    return Err(Abort::Retry);
-                };
-                let written = assemble(&changed)?;
-                Ok(shared::write_after(
-                    c,
-                    change.asset_id(),
-                    &changed,
-                    written,
-                    idempotency.as_ref(),
-                )?)
-            })
-            .await?;
-        Abort::settle(result.map(Some), None)
-    }
-}
-
-const PURGE_EVENTS_SQL: &str = "\
-DELETE FROM events WHERE position IN ( \
-SELECT position FROM events WHERE delivered_at IS NOT NULL AND created_at < ? \
-ORDER BY position LIMIT ?)";
-
-const PURGE_KEYS_SQL: &str = "\
-DELETE FROM idempotency_keys WHERE rowid IN ( \
-SELECT rowid FROM idempotency_keys WHERE created_at < ? ORDER BY created_at LIMIT ?)";
-
-/// A reservation's first read: the clock, the reservation, the answer stored
-/// under the key, and the fate of the payment a commit carries (?5 scope, ?6
-/// reference; NULL for other requests). Sales recorded before scopes (scope
-/// '') count in every scope.
-const RESERVATION_SNAPSHOT_SQL: &str = "\
-SELECT ?1 AS now, r.id, r.asset_id, r.buyer_id, r.status, r.expires_at, r.created_at,
-       r.committed_at, r.released_at, r.payment_reference, r.owner, r.voided_at, r.payment_scope,
-       i.fingerprint, i.status_code, i.body, i.location,
-       p.reservation_id AS fate_reservation_id, p.refund_id AS fate_refund_id
-  FROM (SELECT 1) AS one
-  LEFT JOIN reservations r ON r.id = ?2
-  LEFT JOIN idempotency_keys i ON i.scope = ?3 AND i.key = ?4
-  LEFT JOIN payments p ON p.reference = ?6 AND p.scope IN (?5, '')
- ORDER BY p.scope DESC NULLS LAST LIMIT 1";
-
-#[derive(QueryableByName)]
-struct Sequence {
-    #[diesel(sql_type = BigInt)]
-    last_event_sequence: i64,
-}
-
-/// Expires lapsed holds (of one asset, or up to `limit` of any) as of `now`.
-pub(crate) fn expire_lapsed(
-    conn: &mut SqliteConnection,
-    asset: Option<&str>,
-    now: Timestamp,
-    limit: i64,
-) -> StoreResult<usize> {
-    #[derive(QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = Text)]
-        id: String,
-    }
-    let lapsed = sql_query(
-        "SELECT id FROM assets WHERE status = 'HELD' AND hold_expires_at <= ?1 AND (?2 IS NULL \
-            OR id = ?2) \
-         ORDER BY id LIMIT ?3",
-    )
-    .bind::<Instant, _>(now)
-    .bind::<Nullable<Text>, _>(asset)
-    .bind::<BigInt, _>(limit)
-    .load::<Id>(conn)
-    .context("find lapsed holds")?;
-    for Id { id } in &lapsed {
-        let sequence = sql_query(
-            "UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, \
-                current_reservation_id = NULL, \
-                    version = version + 1, last_event_sequence = last_event_sequence + 1, \
-                        updated_at = ?1 \
-             WHERE id = ?2 RETURNING last_event_sequence",
-        )
-        .bind::<Instant, _>(now)
-        .bind::<Text, _>(id)
-        .get_result::<Sequence>(conn)
-        .context("expire a lapsed hold")?;
-        let row = sql_query(
-            "UPDATE reservations SET status = 'EXPIRED' WHERE asset_id = ? AND status = 'HELD' \
-                RETURNING *",
-        )
-        .bind::<Text, _>(id)
-        .get_result::<ReservationRow>(conn)
-        .context("expire a lapsed reservation")?;
-        let reservation = row.into_reservation()?;
-        insert_event(
-            conn,
-            &expired_event(&reservation, sequence.last_event_sequence, now),
-        )?;
-    }
-    Ok(lapsed.len())
-}
-
-/// An event; its owner is the owner of the reservation it reports (?7). Its
-/// feed position is one above the last one handed out, which `feed_position`
-/// keeps in a row that purging never deletes (its trigger moves it up in the
-/// same transaction): positions only ever grow, whatever the clock does.
-const INSERT_EVENT_SQL: &str = "\
-INSERT INTO events (position, id, asset_id, sequence, type, data, created_at, owner, actor)
-VALUES ((SELECT last_position FROM feed_position) + 1,
-        ?1, ?2, ?3, ?4, ?5, ?6, (SELECT owner FROM reservations WHERE id = ?7), ?8)";
-
-pub(crate) fn insert_event(conn: &mut SqliteConnection, event: &NewEvent) -> StoreResult<()> {
-    event
-        .bound::<Sqlite>(INSERT_EVENT_SQL)
-        .execute(conn)
-        .context("record an event")?;
-    Ok(())
 }

@@ -6,44 +6,12 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use holdfast::config::Secret;
 use holdfast::keys::{new_key, Role};
 use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::{new_key as idempotency_key, Backend, TestApp};
-
-struct Keys {
-    admin: String,
-    shop: String,
-    other_shop: String,
-    payments: String,
-}
-
-async fn spawn_with_keys(
-    backend: Backend,
-    adjust: impl FnOnce(&mut holdfast::Config),
-) -> Option<(TestApp, Keys)> {
-    let (admin, a) = new_key("ops", Role::Admin).unwrap();
-    let (shop, s) = new_key("shop-a", Role::Storefront).unwrap();
-    let (other_shop, o) = new_key("shop-b", Role::Storefront).unwrap();
-    let (payments, p) = new_key("psp", Role::Payments).unwrap();
-    let app = TestApp::try_spawn_with(backend, |c| {
-        c.api_keys = Some(Secret::new(format!("{a},{s},{o},{p}")));
-        adjust(c);
-    })
-    .await?;
-    Some((
-        app,
-        Keys {
-            admin,
-            shop,
-            other_shop,
-            payments,
-        },
-    ))
-}
+use crate::helpers::{new_key as idempotency_key, spawn_with_keys, Backend, Keys, TestApp};
 
 async fn call(
     app: &TestApp,
@@ -76,6 +44,11 @@ fn expected_roles() -> BTreeMap<&'static str, Option<&'static [&'static str]>> {
         ("get_openapi", None),
         ("get_docs", None),
         ("create_asset", Some(&["admin"][..])),
+        ("create_assets", Some(&["admin"][..])),
+        ("join_waitlist", Some(&["admin", "storefront"][..])),
+        ("list_waitlist", Some(&["admin", "storefront"][..])),
+        ("leave_waitlist", Some(&["admin", "storefront"][..])),
+        ("make_offer", Some(&["admin"][..])),
         ("update_asset", Some(&["admin"][..])),
         ("withdraw_asset", Some(&["admin"][..])),
         ("reinstate_asset", Some(&["admin"][..])),
@@ -107,6 +80,7 @@ fn concrete(path: &str) -> String {
         .replace("{reservation_id}", "res_01HZX49R8T39QK6G7Y1W2V3N4P")
         .replace("{refund_id}", "rf_01HZX4B2Q7C3M9D8E6F5G4H3J2")
         .replace("{event_id}", "evt_01HZX4C6W0R1T2Y3U4I5O6P7A8")
+        .replace("{buyer_id}", "acl-buyer")
 }
 
 async fn every_role_against_every_operation(backend: Backend) {
@@ -330,19 +304,6 @@ async fn storefronts_see_only_their_own_reservations_and_keys(backend: Backend) 
     );
 }
 
-/// Test bodies that need their own configuration run per backend here.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_role_against_every_operation_on_both_backends() {
-    every_role_against_every_operation(Backend::Postgres).await;
-    every_role_against_every_operation(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn storefronts_see_only_their_own_on_both_backends() {
-    storefronts_see_only_their_own_reservations_and_keys(Backend::Postgres).await;
-    storefronts_see_only_their_own_reservations_and_keys(Backend::Sqlite).await;
-}
-
 async fn a_burst_of_one_buyer_ends_at_the_limit(app: TestApp) {
     for i in 0..50 {
         app.create_asset(&format!("B-{i}")).await;
@@ -400,7 +361,18 @@ async fn a_burst_of_one_buyer_ends_at_the_limit(app: TestApp) {
     );
 }
 
-backend_tests!(a_burst_of_one_buyer_ends_at_the_limit);
+backend_tests!(
+    a_burst_of_one_buyer_ends_at_the_limit;
+    backend:
+        every_role_against_every_operation,
+        storefronts_see_only_their_own_reservations_and_keys,
+        preflights_need_no_key,
+        no_spelling_skips_the_keys,
+        form_posts_are_refused_for_every_caller,
+        basic_changes_come_only_from_this_site,
+        storefronts_never_read_other_clients_buyers_or_payments,
+        forced_withdrawal_names_its_actor,
+);
 
 /// A browser sends a preflight without credentials: with keys configured it
 /// is still answered, and the request it clears then needs its key.
@@ -444,12 +416,6 @@ async fn preflights_need_no_key(backend: Backend) {
     };
     assert_eq!(get(None).await.unwrap().status(), 401);
     assert_eq!(get(Some(keys.shop.clone())).await.unwrap().status(), 200);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn preflights_need_no_key_on_both_backends() {
-    preflights_need_no_key(Backend::Postgres).await;
-    preflights_need_no_key(Backend::Sqlite).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -936,12 +902,6 @@ async fn no_spelling_skips_the_keys(backend: Backend) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_spelling_skips_the_keys_on_both_backends() {
-    no_spelling_skips_the_keys(Backend::Postgres).await;
-    no_spelling_skips_the_keys(Backend::Sqlite).await;
-}
-
 #[test]
 fn spellings_cover_the_ways_to_write_a_path() {
     let all = spellings("/v1/assets");
@@ -1080,18 +1040,6 @@ async fn basic_changes_come_only_from_this_site(backend: Backend) {
         )
         .await;
     assert_eq!(bearer_cross.status, 201, "{}", bearer_cross.body);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn form_posts_are_refused_on_both_backends() {
-    form_posts_are_refused_for_every_caller(Backend::Postgres).await;
-    form_posts_are_refused_for_every_caller(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn basic_changes_come_only_from_this_site_on_both_backends() {
-    basic_changes_come_only_from_this_site(Backend::Postgres).await;
-    basic_changes_come_only_from_this_site(Backend::Sqlite).await;
 }
 
 /// Made-up methods and unknown paths share the `other` and `unmatched`
@@ -1326,12 +1274,6 @@ async fn storefronts_never_read_other_clients_buyers_or_payments(backend: Backen
     assert_eq!(events["items"][0]["actor"], Value::Null);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn storefronts_never_read_other_clients_buyers_or_payments_on_both_backends() {
-    storefronts_never_read_other_clients_buyers_or_payments(Backend::Postgres).await;
-    storefronts_never_read_other_clients_buyers_or_payments(Backend::Sqlite).await;
-}
-
 /// Forced withdrawal names who did it.
 async fn forced_withdrawal_names_its_actor(backend: Backend) {
     let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
@@ -1377,10 +1319,4 @@ async fn forced_withdrawal_names_its_actor(backend: Backend) {
     // The shop still sees its own released hold in full.
     let own = app.get_json_as("/v1/assets/W-1/events", &keys.shop).await;
     assert_eq!(own["items"][1]["data"]["buyer_id"], "b");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forced_withdrawal_names_its_actor_on_both_backends() {
-    forced_withdrawal_names_its_actor(Backend::Postgres).await;
-    forced_withdrawal_names_its_actor(Backend::Sqlite).await;
 }

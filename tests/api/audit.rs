@@ -94,6 +94,12 @@ async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) 
     assert_eq!(violations(&doc, "payment_has_one_fate"), 0);
     assert_eq!(violations(&doc, "payments_record_their_fate"), 0);
     assert_eq!(violations(&doc, "voided_sales_are_over"), 0);
+    // The status changed behind the API's back is still counted.
+    assert_eq!(violations(&doc, "asset_counts_are_kept"), 0, "{doc:#}");
+    app.sql("UPDATE asset_counts SET n = n + 1 WHERE status = 'SOLD'")
+        .await;
+    let (_, doc) = audit(&app);
+    assert_eq!(violations(&doc, "asset_counts_are_kept"), 1, "{doc:#}");
 
     // A voided sale put back as the asset's current one is caught.
     app.sql(
@@ -112,7 +118,7 @@ async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) 
     assert_eq!(sold["examples"][0], "AU-4");
 
     // Money given two fates behind the database's back, in the open mode's
-    // scope (`-`): pay-1 bought AU-1 and is now also refunded through AU-2's
+    // client (`-`): pay-1 bought AU-1 and is now also refunded through AU-2's
     // reservation; pay-3, refunded through AU-2's, is refunded again
     // through AU-3's.
     for (id, reference, asset, like) in [
@@ -121,9 +127,9 @@ async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) 
     ] {
         app.sql(&format!(
             "INSERT INTO refunds (id, reservation_id, asset_id, payment_reference, reason, \
-               status, created_at, payment_scope) \
+               status, created_at, payment_client) \
              SELECT '{id}', f.reservation_id, f.asset_id, '{reference}', f.reason, \
-               'REQUESTED', f.created_at, f.payment_scope \
+               'REQUESTED', f.created_at, f.payment_client \
              FROM refunds f WHERE f.asset_id = '{asset}' AND f.payment_reference = '{like}'"
         ))
         .await;

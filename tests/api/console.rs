@@ -1,34 +1,17 @@
 //! The operator console: its files, how a browser signs in to them (the API
 //! key as the Basic password), and the counts per status it shows.
 
-use holdfast::config::Secret;
-use holdfast::keys::{new_key, Role};
 use reqwest::header::{CACHE_CONTROL, CONTENT_TYPE, WWW_AUTHENTICATE};
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::{new_key as idempotency_key, Backend, TestApp};
+use crate::helpers::{new_key as idempotency_key, spawn_with_keys, Backend, TestApp};
 
 const FILES: [(&str, &str); 3] = [
     ("/console", "text/html"),
     ("/console/console.css", "text/css"),
     ("/console/console.js", "text/javascript"),
 ];
-
-struct Keys {
-    admin: String,
-    shop: String,
-}
-
-async fn spawn_with_keys(backend: Backend) -> Option<(TestApp, Keys)> {
-    let (admin, a) = new_key("ops", Role::Admin).unwrap();
-    let (shop, s) = new_key("shop-a", Role::Storefront).unwrap();
-    let app = TestApp::try_spawn_with(backend, |c| {
-        c.api_keys = Some(Secret::new(format!("{a},{s}")));
-    })
-    .await?;
-    Some((app, Keys { admin, shop }))
-}
 
 fn header(response: &reqwest::Response, name: impl reqwest::header::AsHeaderName) -> &str {
     response
@@ -62,7 +45,7 @@ fn assert_served(response: &reqwest::Response, path: &str, content_type: &str) {
 /// Signing in to the console: an admin key as Bearer or as the Basic
 /// password; a 401 asks a browser for Basic; other roles are refused.
 async fn the_console_asks_for_an_admin_key(backend: Backend) {
-    let Some((app, keys)) = spawn_with_keys(backend).await else {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
         return;
     };
     for (path, content_type) in FILES {
@@ -128,7 +111,7 @@ async fn the_console_asks_for_an_admin_key(backend: Backend) {
 /// The browser sends the signed-in credentials with the page's requests:
 /// Basic works on every API route, with the key's role and scope.
 async fn basic_credentials_work_on_the_api(backend: Backend) {
-    let Some((app, keys)) = spawn_with_keys(backend).await else {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
         return;
     };
     let created = app
@@ -201,18 +184,6 @@ async fn basic_credentials_work_on_the_api(backend: Backend) {
     assert_eq!(counts.status(), 403, "counts are for admins");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_console_asks_for_an_admin_key_on_both_backends() {
-    the_console_asks_for_an_admin_key(Backend::Postgres).await;
-    the_console_asks_for_an_admin_key(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn basic_credentials_work_on_the_api_on_both_backends() {
-    basic_credentials_work_on_the_api(Backend::Postgres).await;
-    basic_credentials_work_on_the_api(Backend::Sqlite).await;
-}
-
 /// Without keys (open mode, loopback only) the console needs no sign-in.
 async fn the_console_is_open_in_open_mode(app: TestApp) {
     for (path, content_type) in FILES {
@@ -269,5 +240,8 @@ async fn counts_follow_the_effective_status(app: TestApp) {
 
 backend_tests!(
     the_console_is_open_in_open_mode,
-    counts_follow_the_effective_status
+    counts_follow_the_effective_status;
+    backend:
+        the_console_asks_for_an_admin_key,
+        basic_credentials_work_on_the_api,
 );

@@ -96,12 +96,6 @@ async fn another_clients_reservation_is_indistinguishable_from_none(backend: Bac
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_clients_reservation_is_indistinguishable_on_both_backends() {
-    another_clients_reservation_is_indistinguishable_from_none(Backend::Postgres).await;
-    another_clients_reservation_is_indistinguishable_from_none(Backend::Sqlite).await;
-}
-
 /// Every /v1 answer, success or problem, is kept out of caches and sniffing.
 async fn api_answers_are_not_cached_or_sniffed(app: TestApp) {
     app.create_asset("NC-1").await;
@@ -271,7 +265,10 @@ backend_tests!(
     api_answers_are_not_cached_or_sniffed,
     one_key_per_request,
     heads_over_32_kib_are_431,
-    head_where_get_is_served,
+    head_where_get_is_served;
+    backend:
+        another_clients_reservation_is_indistinguishable_from_none,
+        cors_serves_every_method_and_refuses_as_a_problem,
 );
 
 /// A browser front end may call every method the API has, PATCH included;
@@ -347,10 +344,4 @@ async fn cors_serves_every_method_and_refuses_as_a_problem(backend: Backend) {
         let body: Value = serde_json::from_str(&refused.body).unwrap();
         assert_eq!(body["error_code"], "FORBIDDEN");
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cors_serves_every_method_on_both_backends() {
-    cors_serves_every_method_and_refuses_as_a_problem(Backend::Postgres).await;
-    cors_serves_every_method_and_refuses_as_a_problem(Backend::Sqlite).await;
 }

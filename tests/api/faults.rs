@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::helpers::{fault_library, new_key, unique, Backend, Blocker, TestApp};
+use crate::backend_tests;
+use crate::helpers::{eventually, fault_library, new_key, unique, Backend, Blocker, TestApp};
 use crate::proxy::{Mode, Proxy};
 
 async fn unavailable(response: reqwest::Response) -> Value {
@@ -137,12 +138,6 @@ async fn a_statement_stuck_behind_a_lock_is_not_applied(backend: Backend) {
     assert_eq!(hold.status(), 201);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_statement_stuck_behind_a_lock_is_not_applied_on_both_backends() {
-    a_statement_stuck_behind_a_lock_is_not_applied(Backend::Postgres).await;
-    a_statement_stuck_behind_a_lock_is_not_applied(Backend::Sqlite).await;
-}
-
 /// Every transaction that inserts into `table` makes its COMMIT wait 1.5 s:
 /// a deferred trigger runs at COMMIT time, as a synchronous standby's wait
 /// does. Dropped with `DROP TRIGGER slow_commit ON table`.
@@ -178,9 +173,12 @@ async fn an_unkeyed_write_that_may_have_committed_says_to_read_back() {
     assert!(message.contains("Read the resource back"), "{body}");
     assert!(!message.contains("Idempotency-Key"), "{body}");
     app.sql("DROP TRIGGER slow_commit ON assets").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    // Reading back tells what happened: the asset was created.
-    assert_eq!(app.get_json("/v1/assets/WO-U1").await["id"], "WO-U1");
+    // Reading back tells what happened: the asset was created, once the
+    // slow COMMIT ends.
+    eventually("the slow COMMIT of the asset landed", || async {
+        app.get("/v1/assets/WO-U1").await.status() == 200
+    })
+    .await;
 }
 
 /// A COMMIT that waits past the request's time (as with a synchronous
@@ -209,7 +207,11 @@ async fn a_commit_that_waits_is_unknown_and_the_retry_answers_the_truth() {
     );
     app.sql("DROP TRIGGER slow_commit ON idempotency_keys")
         .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let stored = format!("SELECT count(*) FROM idempotency_keys WHERE key = '{key}'");
+    eventually("the slow COMMIT of the sale landed", || async {
+        app.count(&stored).await == 1
+    })
+    .await;
     let retry = app.commit(&id, &key, "pay-slow").await;
     assert_eq!(retry.status(), 200);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
@@ -273,11 +275,10 @@ async fn sqlite_checks_the_deadline_before_committing() {
     let path = "/v1/assets/WO-S1/reservations";
     let body = unavailable(app.post(path, Some(&key), &hold).await).await;
     assert_eq!(body["write_outcome"], "NOT_APPLIED", "{body}");
-    // The write goes on waiting for the lock; free it, and give the
-    // abandoned write time to run to its end.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The write goes on waiting for the lock; freed, it runs to its end
+    // before the one writer takes the next write.
     blocker.release().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    app.create_asset("WO-S2").await;
     assert_eq!(
         app.count("SELECT count(*) FROM reservations").await,
         0,
@@ -321,7 +322,10 @@ async fn sqlite_a_commit_slower_than_the_deadline_is_unknown() {
         "{body}"
     );
     // The COMMIT goes on on the writer's thread and lands.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    eventually("the slow COMMIT landed", || async {
+        app.count("SELECT count(*) FROM reservations").await == 1
+    })
+    .await;
     let retry = app.post(path, Some(&key), &hold).await;
     assert_eq!(retry.status(), 200);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
@@ -343,8 +347,14 @@ async fn sqlite_a_withdrawal_written_after_the_expiry_expires_the_hold() {
     let blocker = hold_the_writer(&app, "WX-2").await;
     // The withdrawal reads the live hold at once, then waits for the writer
     // until after the hold's expiry.
+    let expires = chrono::DateTime::parse_from_rfc3339(hold["expires_at"].as_str().unwrap())
+        .unwrap()
+        .with_timezone(&chrono::Utc);
     let free_later = async {
-        tokio::time::sleep(Duration::from_millis(1600)).await;
+        eventually("the hold lapsed while the withdrawal waited", || async {
+            chrono::Utc::now() > expires + chrono::Duration::milliseconds(100)
+        })
+        .await;
         blocker.release().await;
     };
     let force = json!({"force": true});
@@ -440,19 +450,20 @@ async fn sqlite_a_write_that_never_got_the_writer_is_not_applied() {
     let (first, second) = (json!({"buyer_id": "b1"}), json!({"buyer_id": "b2"}));
     let (first_key, second_key) = (new_key(), new_key());
     let path = "/v1/assets/WP-2/reservations";
-    let waits_for_the_writer = async {
-        // The first hold has the writer connection by then.
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        app.post(path, Some(&second_key), &second).await
-    };
-    let free_later = async {
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Once the first hold has the writer (waiting on the lock), the second
+    // waits for the writer in vain; then the lock is freed.
+    let refused_then_free = async {
+        eventually("the first hold has the writer", || async {
+            app.metric("holdfast_db_pool_in_use").await >= 1.0
+        })
+        .await;
+        let refused = app.post(path, Some(&second_key), &second).await;
         blocker.release().await;
+        refused
     };
-    let (held, refused, ()) = tokio::join!(
+    let (held, refused) = tokio::join!(
         app.post("/v1/assets/WP-1/reservations", Some(&first_key), &first),
-        waits_for_the_writer,
-        free_later
+        refused_then_free
     );
     assert_eq!(held.status(), 201, "the first hold waited for the lock");
     let body = unavailable(refused).await;
@@ -466,3 +477,8 @@ async fn sqlite_a_write_that_never_got_the_writer_is_not_applied() {
     assert_eq!(retry.status(), 201, "runs for the first time");
     assert!(retry.headers().get("idempotent-replayed").is_none());
 }
+
+backend_tests!(
+    ; backend:
+        a_statement_stuck_behind_a_lock_is_not_applied,
+);

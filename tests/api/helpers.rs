@@ -17,27 +17,32 @@ pub enum Backend {
     Sqlite,
 }
 
-/// Runs each listed test body once per backend.
+/// Runs each listed test body once per backend: the first list's bodies
+/// take the app of the test settings (`TestApp::try_spawn`); those after
+/// `backend:` take the backend and spawn what they need themselves (keys,
+/// their own configuration, several apps). A body whose database is not
+/// reachable is skipped as `TestApp::try_spawn` says.
 #[macro_export]
 macro_rules! backend_tests {
-    ($($name:ident),* $(,)?) => {
-        mod postgres {
+    ($($name:ident),* $(,)? $(; backend: $($own:ident),* $(,)?)?) => {
+        $crate::backend_tests!(@mod postgres Postgres; $($name),*; $($($own),*)?);
+        $crate::backend_tests!(@mod sqlite Sqlite; $($name),*; $($($own),*)?);
+    };
+    (@mod $module:ident $backend:ident; $($name:ident),*; $($own:ident),*) => {
+        mod $module {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    if let Some(app) = $crate::helpers::TestApp::try_spawn($crate::helpers::Backend::Postgres).await {
+                    let backend = $crate::helpers::Backend::$backend;
+                    if let Some(app) = $crate::helpers::TestApp::try_spawn(backend).await {
                         super::$name(app).await;
                     }
                 }
             )*
-        }
-        mod sqlite {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    if let Some(app) = $crate::helpers::TestApp::try_spawn($crate::helpers::Backend::Sqlite).await {
-                        super::$name(app).await;
-                    }
+                async fn $own() {
+                    super::$own($crate::helpers::Backend::$backend).await;
                 }
             )*
         }
@@ -447,6 +452,67 @@ pub fn fault_library() -> PathBuf {
             library
         })
         .clone()
+}
+
+/// Holds back one side of a race by `by`, so that it reaches the service
+/// while the other side's request is running. Not a wait for a state:
+/// nothing depends on what has happened by then.
+pub async fn stagger(by: Duration) {
+    if !by.is_zero() {
+        tokio::time::sleep(by).await;
+    }
+}
+
+/// The tokens of the API keys a [`spawn_with_keys`] app knows: an admin
+/// (`ops`), two storefronts (`shop-a`, `shop-b`) and a payments client
+/// (`psp`).
+pub struct Keys {
+    pub admin: String,
+    pub shop: String,
+    pub other_shop: String,
+    pub payments: String,
+}
+
+/// An app with API keys of every role (and `adjust`'s other settings).
+pub async fn spawn_with_keys(
+    backend: Backend,
+    adjust: impl FnOnce(&mut holdfast::Config),
+) -> Option<(TestApp, Keys)> {
+    use holdfast::keys::{new_key, Role};
+    let (admin, a) = new_key("ops", Role::Admin).unwrap();
+    let (shop, s) = new_key("shop-a", Role::Storefront).unwrap();
+    let (other_shop, o) = new_key("shop-b", Role::Storefront).unwrap();
+    let (payments, p) = new_key("psp", Role::Payments).unwrap();
+    let app = TestApp::try_spawn_with(backend, |c| {
+        c.api_keys = Some(holdfast::config::Secret::new(format!("{a},{s},{o},{p}")));
+        adjust(c);
+    })
+    .await?;
+    let keys = Keys {
+        admin,
+        shop,
+        other_shop,
+        payments,
+    };
+    Some((app, keys))
+}
+
+/// Polls `condition` every 20 ms until it holds; fails naming `what` when
+/// it does not within 10 s. Every wait of the tests is one of these (or ages
+/// rows in the database): none sleeps for a fixed time hoping it is enough.
+pub async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !condition().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 pub fn new_key() -> String {
@@ -1035,6 +1101,17 @@ impl Blocker {
 }
 
 impl TestApp {
+    /// Waits until `n` statements of this database wait for a lock
+    /// (PostgreSQL): requests queued behind a transaction a test holds open.
+    pub async fn lock_waiters(&self, n: i64) {
+        let waiting = "SELECT count(*) FROM pg_stat_activity \
+                       WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        eventually(&format!("{n} statements waiting for a lock"), || async {
+            self.count(waiting).await >= n
+        })
+        .await;
+    }
+
     /// Opens a transaction with `sql` and keeps it open until released.
     pub async fn hold_lock_open(&self, sql: &str) -> Blocker {
         match &self.db.kind {

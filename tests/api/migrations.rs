@@ -22,12 +22,22 @@ async fn instances_starting_at_once_migrate_safely() {
     // The schema is usable and migrating again is a no-op.
     stores[0].migrate().await.expect("migrate again");
     stores[0].ping().await.expect("ping");
-    let id = holdfast::domain::AssetId::parse("M-1").unwrap();
     assert!(stores[1]
-        .create_asset(&id, "x", None)
+        .create_asset(&new_asset("M-1"))
         .await
         .unwrap()
         .is_some());
+}
+
+/// An asset named `x`, with nothing else.
+fn new_asset(id: &str) -> holdfast::store::NewAsset {
+    holdfast::store::NewAsset {
+        id: holdfast::domain::AssetId::parse(id).unwrap(),
+        name: "x".into(),
+        price: None,
+        attributes: Default::default(),
+        available_from: None,
+    }
 }
 
 /// The embedded database is created, migrated once, and reopened as is.
@@ -40,8 +50,9 @@ async fn the_sqlite_file_is_created_and_migrated_once() {
         .await
         .expect("open");
     store.migrate().await.expect("migrate");
-    let id = holdfast::domain::AssetId::parse("M-2").unwrap();
-    store.create_asset(&id, "x", None).await.unwrap();
+    let asset = new_asset("M-2");
+    store.create_asset(&asset).await.unwrap();
+    let id = asset.id;
     drop(store);
     let again = Config::with_database(url)
         .open_store()
@@ -165,7 +176,10 @@ async fn history_survives_the_one_fate_migration(url: String) {
         "{refunds}"
     );
     server.abort();
-    let findings = store.audit(chrono::DateTime::UNIX_EPOCH).await.unwrap();
+    let findings = store
+        .audit(chrono::DateTime::UNIX_EPOCH, &|_, _| {})
+        .await
+        .unwrap();
     let finding = |name: &str| {
         findings
             .iter()
@@ -233,7 +247,7 @@ async fn sqlite_is_durable_at_every_commit_by_default() {
             config.sqlite_synchronous = setting;
         }
         let store = config.open_store().await.unwrap();
-        let Store::Sqlite(sqlite) = &store else {
+        let Some(sqlite) = store.sqlite() else {
             panic!("an SQLite store")
         };
         assert_eq!(sqlite.synchronous().await.unwrap(), pragma, "{setting:?}");

@@ -238,7 +238,9 @@ backend_tests!(
     a_refunded_payment_does_not_buy_a_live_hold,
     a_voided_sale_is_never_refunded_twice,
     a_payment_reads_its_fate,
-    racing_commits_of_one_payment_give_it_one_fate,
+    racing_commits_of_one_payment_give_it_one_fate;
+    backend:
+        references_are_scoped_by_payments_client,
 );
 
 /// References are scoped by the payments client's key name: two providers
@@ -342,10 +344,4 @@ async fn references_are_scoped_by_payments_client(backend: Backend) {
             .0,
         403
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn references_are_scoped_by_payments_client_on_both_backends() {
-    references_are_scoped_by_payments_client(Backend::Postgres).await;
-    references_are_scoped_by_payments_client(Backend::Sqlite).await;
 }

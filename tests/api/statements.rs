@@ -229,6 +229,30 @@ async fn every_statement_is_in_the_scale_out_catalogue() {
         )
         .await;
     }
+    // A batch: one new asset, one the same as S-5, with price and attributes.
+    let batch = json!({"items": [
+        {"id": "S-6", "name": "S-6", "price": {"amount": 100, "currency": "EUR"},
+         "attributes": {"region": "B", "digits": 4}},
+        {"id": "S-5", "name": "S-5"},
+    ]});
+    t.call(
+        "create_assets",
+        &admin,
+        post.clone(),
+        "/v1/assets/batch",
+        Some(batch),
+    )
+    .await;
+    let priced =
+        json!({"price": {"amount": 90, "currency": "EUR"}, "attributes": {"vanity": true}});
+    t.call(
+        "update_asset",
+        &admin,
+        Method::PATCH,
+        "/v1/assets/S-6",
+        Some(priced),
+    )
+    .await;
     let opening = json!({"available_from": "2020-01-01T00:00:00Z"});
     t.call(
         "update_asset",
@@ -286,6 +310,46 @@ async fn every_statement_is_in_the_scale_out_catalogue() {
         Some(other),
     )
     .await;
+    // A buyer queues for the held asset, reads the queue, leaves it; an
+    // admin offers an available asset to a named buyer.
+    let queue = json!({"buyer_id": "b-3"});
+    t.call(
+        "join_waitlist",
+        &shop,
+        post.clone(),
+        "/v1/assets/S-1/waitlist",
+        Some(queue),
+    )
+    .await;
+    for token in [&shop, &admin] {
+        t.call(
+            "list_waitlist",
+            token,
+            get.clone(),
+            "/v1/assets/S-1/waitlist",
+            None,
+        )
+        .await;
+    }
+    t.call(
+        "leave_waitlist",
+        &shop,
+        Method::DELETE,
+        "/v1/assets/S-1/waitlist/b-3",
+        None,
+    )
+    .await;
+    let tomorrow = chrono::Utc::now() + chrono::Duration::days(1);
+    let offer = json!({"buyer_id": "b-4", "client": "shop-a",
+        "expires_at": tomorrow.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)});
+    t.call(
+        "make_offer",
+        &admin,
+        post.clone(),
+        "/v1/assets/S-6/offers",
+        Some(offer),
+    )
+    .await;
     for (token, path) in [
         (&shop, "/v1/assets/S-1".to_owned()),
         (&admin, "/v1/assets/S-1".to_owned()),
@@ -309,6 +373,13 @@ async fn every_statement_is_in_the_scale_out_catalogue() {
             None,
         )
         .await;
+        for filtered in [
+            "/v1/assets?id_prefix=S-&price_max=95&currency=EUR",
+            "/v1/assets?attribute=region:B&attribute=digits:4&status=AVAILABLE",
+        ] {
+            t.call("list_assets", token, get.clone(), filtered, None)
+                .await;
+        }
         let path = format!("/v1/reservations/{res1}");
         t.call("get_reservation", token, get.clone(), &path, None)
             .await;

@@ -9,7 +9,7 @@ use holdfast::outbox::{DispatchReport, Dispatcher, Settings};
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::{fault_library, Backend, TestApp};
+use crate::helpers::{eventually, fault_library, Backend, TestApp};
 use crate::receiver::{Receiver, SECRET};
 
 fn dispatcher(app: &TestApp, url: &str, max_attempts: i32) -> Dispatcher {
@@ -27,9 +27,14 @@ fn dispatcher(app: &TestApp, url: &str, max_attempts: i32) -> Dispatcher {
     .unwrap()
 }
 
-/// Longer than any backoff these dispatchers use.
-async fn wait_for_retry() {
-    tokio::time::sleep(Duration::from_millis(250)).await;
+/// Makes every event waiting for a retry due now, as if its backoff had
+/// passed.
+async fn backoff_passes(app: &TestApp) {
+    app.sql(
+        "UPDATE events SET next_attempt_at = '2000-01-01T00:00:00.000000Z' \
+         WHERE delivered_at IS NULL AND dead_at IS NULL AND next_attempt_at IS NOT NULL",
+    )
+    .await;
 }
 
 async fn events_reach_the_receiver_signed_once(app: TestApp) {
@@ -96,11 +101,11 @@ async fn a_failing_receiver_gets_the_event_once_more_per_failure(app: TestApp) {
     assert_eq!(d.run_once().await.unwrap().retrying, 1);
     // Not due again before its backoff.
     assert_eq!(d.run_once().await.unwrap(), DispatchReport::default());
-    wait_for_retry().await;
+    backoff_passes(&app).await;
     assert_eq!(d.run_once().await.unwrap().retrying, 1);
-    wait_for_retry().await;
+    backoff_passes(&app).await;
     assert_eq!(d.run_once().await.unwrap().delivered, 1);
-    wait_for_retry().await;
+    backoff_passes(&app).await;
     assert_eq!(d.run_once().await.unwrap(), DispatchReport::default());
     let got = receiver.received();
     assert_eq!(got.len(), 3, "two failures, one success, then nothing");
@@ -126,7 +131,7 @@ async fn a_redirect_is_a_failed_attempt(app: TestApp) {
         .await,
         1
     );
-    wait_for_retry().await;
+    backoff_passes(&app).await;
     let second = d.run_once().await.unwrap();
     assert_eq!((second.delivered, second.dead), (0, 1), "{second:?}");
     let got = receiver.received();
@@ -155,7 +160,7 @@ async fn a_receiver_down_keeps_events_pending_until_it_returns(app: TestApp) {
         1
     );
     let receiver = Receiver::start_on_port(port).await;
-    wait_for_retry().await;
+    backoff_passes(&app).await;
     assert_eq!(d.run_once().await.unwrap().delivered, 1);
     assert_eq!(receiver.received().len(), 1);
     assert_eq!(
@@ -215,9 +220,9 @@ async fn dead_events_are_listed_and_sent_again(app: TestApp) {
     app.hold("W-5", "b", 300).await;
     let d = dispatcher(&app, &receiver.url, 2);
     assert_eq!(d.run_once().await.unwrap().retrying, 1);
-    wait_for_retry().await;
+    backoff_passes(&app).await;
     assert_eq!(d.run_once().await.unwrap().dead, 1);
-    wait_for_retry().await;
+    backoff_passes(&app).await;
     assert_eq!(
         d.run_once().await.unwrap(),
         DispatchReport::default(),
@@ -423,49 +428,49 @@ backend_tests!(
     refunds_are_listed_and_completed_once,
     refunds_page_by_cursor,
     old_delivered_events_are_purged_only_when_configured,
-    a_redirect_is_a_failed_attempt,
+    a_redirect_is_a_failed_attempt;
+    backend:
+        the_feed_never_skips_after_every_event_was_purged,
+        delivered_events_past_retention_are_purged,
+        serve_runs_the_dispatcher_by_itself,
 );
 
 /// The feed's cursor only grows: once retention purged every event, a poller
 /// resuming from its old cursor still receives every new event.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_feed_never_skips_after_every_event_was_purged() {
-    for backend in [Backend::Postgres, Backend::Sqlite] {
-        let Some(app) =
-            TestApp::try_spawn_with(backend, |c| c.event_retention_days = Some(30)).await
-        else {
-            continue;
-        };
-        for i in 0..3 {
-            app.create_asset(&format!("FP-{i}")).await;
-            app.hold(&format!("FP-{i}"), "b", 300).await;
-        }
-        let (items, cursor) = follow_feed(&app, String::new(), 500, 3).await;
-        assert_eq!(items.len(), 3, "{backend:?}");
-        let old = match backend {
-            Backend::Postgres => {
-                "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days'"
-            }
-            Backend::Sqlite => {
-                "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', \
-                 created_at = '2000-01-01T00:00:00.000000Z'"
-            }
-        };
-        app.sql(old).await;
-        let report = holdfast::janitor::run_once(&app.store).await.unwrap();
-        assert_eq!(report.purged_events, 3, "{backend:?}");
-        assert_eq!(app.count("SELECT count(*) FROM events").await, 0);
-        // New events after the purge.
-        app.create_asset("FP-new").await;
-        app.hold("FP-new", "b", 300).await;
-        let (resumed, next) = follow_feed(&app, cursor.clone(), 500, 1).await;
-        let types: Vec<&str> = resumed
-            .iter()
-            .map(|e| e["asset_id"].as_str().unwrap())
-            .collect();
-        assert_eq!(types, ["FP-new"], "{backend:?}: {resumed:?}");
-        assert_ne!(next, cursor);
+async fn the_feed_never_skips_after_every_event_was_purged(backend: Backend) {
+    let Some(app) = TestApp::try_spawn_with(backend, |c| c.event_retention_days = Some(30)).await
+    else {
+        return;
+    };
+    for i in 0..3 {
+        app.create_asset(&format!("FP-{i}")).await;
+        app.hold(&format!("FP-{i}"), "b", 300).await;
     }
+    let (items, cursor) = follow_feed(&app, String::new(), 500, 3).await;
+    assert_eq!(items.len(), 3, "{backend:?}");
+    let old = match backend {
+        Backend::Postgres => {
+            "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days'"
+        }
+        Backend::Sqlite => {
+            "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', \
+             created_at = '2000-01-01T00:00:00.000000Z'"
+        }
+    };
+    app.sql(old).await;
+    let report = holdfast::janitor::run_once(&app.store).await.unwrap();
+    assert_eq!(report.purged_events, 3, "{backend:?}");
+    assert_eq!(app.count("SELECT count(*) FROM events").await, 0);
+    // New events after the purge.
+    app.create_asset("FP-new").await;
+    app.hold("FP-new", "b", 300).await;
+    let (resumed, next) = follow_feed(&app, cursor.clone(), 500, 1).await;
+    let types: Vec<&str> = resumed
+        .iter()
+        .map(|e| e["asset_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["FP-new"], "{backend:?}: {resumed:?}");
+    assert_ne!(next, cursor);
 }
 
 /// `holdfast serve` on the SQLite file at `url`, its wall clock shifted by
@@ -549,64 +554,52 @@ async fn sqlite_feed_positions_outgrow_purges_restarts_restores_and_the_clock() 
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delivered_events_past_retention_are_purged() {
-    for backend in [Backend::Postgres, Backend::Sqlite] {
-        let Some(app) =
-            TestApp::try_spawn_with(backend, |c| c.event_retention_days = Some(30)).await
-        else {
-            continue;
-        };
-        app.create_asset("W-8").await;
-        app.hold("W-8", "b", 300).await;
-        app.create_asset("W-9").await;
-        app.hold("W-9", "b", 300).await;
-        let old = match backend {
-            Backend::Postgres => {
-                "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days' WHERE asset_id = 'W-8'"
-            }
-            Backend::Sqlite => {
-                "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', \
-                 created_at = '2000-01-01T00:00:00.000000Z' WHERE asset_id = 'W-8'"
-            }
-        };
-        app.sql(old).await;
-        let report = holdfast::janitor::run_once(&app.store).await.unwrap();
-        assert_eq!(report.purged_events, 1, "{backend:?}");
-        assert_eq!(
-            app.count("SELECT count(*) FROM events").await,
-            1,
-            "{backend:?}"
-        );
-    }
+async fn delivered_events_past_retention_are_purged(backend: Backend) {
+    let Some(app) = TestApp::try_spawn_with(backend, |c| c.event_retention_days = Some(30)).await
+    else {
+        return;
+    };
+    app.create_asset("W-8").await;
+    app.hold("W-8", "b", 300).await;
+    app.create_asset("W-9").await;
+    app.hold("W-9", "b", 300).await;
+    let old = match backend {
+        Backend::Postgres => {
+            "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days' WHERE asset_id = 'W-8'"
+        }
+        Backend::Sqlite => {
+            "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', \
+             created_at = '2000-01-01T00:00:00.000000Z' WHERE asset_id = 'W-8'"
+        }
+    };
+    app.sql(old).await;
+    let report = holdfast::janitor::run_once(&app.store).await.unwrap();
+    assert_eq!(report.purged_events, 1, "{backend:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM events").await,
+        1,
+        "{backend:?}"
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_runs_the_dispatcher_by_itself() {
-    for backend in [Backend::Postgres, Backend::Sqlite] {
-        let receiver = Receiver::start(0).await;
-        let url = receiver.url.clone();
-        let Some(app) = TestApp::try_spawn_with(backend, |c| {
-            c.webhook_url = Some(url);
-            c.webhook_secret = Some(Secret::new(SECRET));
-            c.dispatch_interval_ms = 50;
-        })
-        .await
-        else {
-            continue;
-        };
-        app.create_asset("W-10").await;
-        app.hold("W-10", "b", 300).await;
-        let mut delivered = false;
-        for _ in 0..100 {
-            if receiver.received().len() == 1 {
-                delivered = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(delivered, "{backend:?}: the event reached the receiver");
-        assert!(receiver.received()[0].signature_is_valid());
-        receiver.stop().await;
-    }
+async fn serve_runs_the_dispatcher_by_itself(backend: Backend) {
+    let receiver = Receiver::start(0).await;
+    let url = receiver.url.clone();
+    let Some(app) = TestApp::try_spawn_with(backend, |c| {
+        c.webhook_url = Some(url);
+        c.webhook_secret = Some(Secret::new(SECRET));
+        c.dispatch_interval_ms = 50;
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("W-10").await;
+    app.hold("W-10", "b", 300).await;
+    eventually("the event reached the receiver", || async {
+        receiver.received().len() == 1
+    })
+    .await;
+    assert!(receiver.received()[0].signature_is_valid());
+    receiver.stop().await;
 }

@@ -1,0 +1,27 @@
+"""Starting a holdfast service for a benchmark script."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import subprocess
+import time
+
+
+def serve(binary: str, url: str, port: int, log: str, **settings: str) -> subprocess.Popen:
+    """Starts `binary serve` on `url`, bound to 127.0.0.1:`port`, its janitor
+    off unless `settings` say otherwise, with `settings` as further
+    HOLDFAST_* variables; returns once it answers /readyz."""
+    env = dict(os.environ, HOLDFAST_DATABASE_URL=url, HOLDFAST_BIND=f"127.0.0.1:{port}",
+               HOLDFAST_JANITOR_INTERVAL_SECONDS="0", RUST_LOG="warn")
+    env.update({f"HOLDFAST_{name.upper()}": value for name, value in settings.items()})
+    proc = subprocess.Popen([binary, "serve"], env=env, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT)
+    for _ in range(400):
+        try:
+            http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/readyz")
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"the service did not start: see {log}")

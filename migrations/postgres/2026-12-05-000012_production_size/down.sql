@@ -1,0 +1,10 @@
+DROP TRIGGER assets_counted_on_delete ON assets;
+DROP TRIGGER assets_counted_on_insert ON assets;
+DROP TRIGGER assets_counted_on_update ON assets;
+DROP FUNCTION asset_counts_removed();
+DROP FUNCTION asset_counts_added();
+DROP FUNCTION asset_counts_status_changed();
+DROP TABLE asset_count_changes;
+DROP TABLE asset_counts;
+DROP INDEX events_created_idx;
+DROP INDEX assets_status_idx;

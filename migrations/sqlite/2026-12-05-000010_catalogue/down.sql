@@ -1,0 +1,15 @@
+PRAGMA foreign_keys = OFF;
+BEGIN IMMEDIATE;
+DROP INDEX payments_reservation_idx;
+DELETE FROM idempotency_keys WHERE reservation_id IS NULL;
+DELETE FROM refunds WHERE reason = 'AMOUNT_MISMATCH';
+DROP INDEX assets_price_idx;
+DROP TABLE asset_attributes;
+ALTER TABLE reservations DROP COLUMN metadata;
+ALTER TABLE reservations DROP COLUMN price_currency;
+ALTER TABLE reservations DROP COLUMN price_amount;
+ALTER TABLE assets DROP COLUMN attributes;
+ALTER TABLE assets DROP COLUMN price_currency;
+ALTER TABLE assets DROP COLUMN price_amount;
+COMMIT;
+PRAGMA foreign_keys = ON;

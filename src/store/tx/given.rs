@@ -1,0 +1,181 @@
+//! Holds given to a named buyer rather than taken by one: an admin's offer,
+//! and the hold a waiting list hands its first waiter. Both read the asset
+//! and the request's key in one snapshot ([`asset_snapshot`]), and write the
+//! hold the same way ([`give`]).
+
+use diesel::sql_types::{Nullable, Text};
+use diesel::QueryableByName;
+
+use super::Snapshot;
+use crate::domain::{AssetStatus, Reservation, Timestamp};
+use crate::store::api::Idempotency;
+use crate::store::conn::{Bind, Conn, Sql};
+use crate::store::db::Store;
+use crate::store::error::{Context, StoreError, StoreResult};
+use crate::store::rows::{parse_status, price_of, KeySnapshotRow};
+use crate::store::schema::Instant;
+
+/// The asset as a first read saw it.
+pub(crate) struct AssetSeen {
+    /// Its effective status: a lapsed hold frees it, unless buyers wait
+    /// for it (then it is theirs next, and reads HELD).
+    pub status: AssetStatus,
+    /// The live hold's expiry.
+    pub hold_expires_at: Option<Timestamp>,
+    pub waitlist_length: i64,
+    /// The live hold's client and buyer.
+    pub holder: Option<(String, String)>,
+}
+
+#[derive(QueryableByName)]
+struct AssetSeenRow {
+    #[diesel(embed)]
+    key: KeySnapshotRow,
+    #[diesel(sql_type = Nullable<Text>)]
+    status: Option<String>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    hold_expires_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<diesel::sql_types::Integer>)]
+    waitlist_length: Option<i32>,
+    #[diesel(sql_type = Nullable<Text>)]
+    holder_client: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    holder_buyer: Option<String>,
+}
+
+/// The clock, the asset (`None` when it does not exist) and the answer kept
+/// under the request's key, in one statement.
+pub(crate) async fn asset_snapshot(
+    store: &Store,
+    context: &'static str,
+    asset: &str,
+    idempotency: &Idempotency,
+) -> StoreResult<Snapshot<AssetSeen>> {
+    let (asset, idempotency) = (asset.to_owned(), idempotency.clone());
+    store
+        .run(context, async move |conn| {
+            let now = conn.now().await?;
+            let mut read = Sql::new("SELECT ");
+            read.bind(Bind::At(now)).push(
+                " AS now, a.status, a.hold_expires_at, a.waitlist_length, \
+                   h.client AS holder_client, h.buyer_id AS holder_buyer, \
+                   i.fingerprint, i.status_code, i.body, i.location \
+                 FROM (SELECT 1) AS one LEFT JOIN assets a ON a.id = ",
+            );
+            read.bind(Bind::Text(asset))
+                .push(
+                    " LEFT JOIN reservations h ON h.id = a.current_reservation_id \
+                     LEFT JOIN idempotency_keys i ON i.client = ",
+                )
+                .bind(Bind::Text(idempotency.client.clone()))
+                .push(" AND i.key = ")
+                .bind(Bind::Text(idempotency.key.to_string()));
+            let row = conn
+                .load_sql::<AssetSeenRow>(&read)
+                .await
+                .context(context)?
+                .into_iter()
+                .next()
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!("{context}: the read answered no row"))
+                })?;
+            let seen = match row.status {
+                Some(status) => {
+                    let status = parse_status(AssetStatus::parse, &status)?;
+                    let waitlist_length = i64::from(row.waitlist_length.unwrap_or_default());
+                    let live = row.hold_expires_at.filter(|e| *e > now);
+                    let status = match status {
+                        AssetStatus::Held if live.is_none() && waitlist_length == 0 => {
+                            AssetStatus::Available
+                        }
+                        other => other,
+                    };
+                    let holder = match (live, row.holder_client, row.holder_buyer) {
+                        (Some(_), Some(client), Some(buyer)) => Some((client, buyer)),
+                        _ => None,
+                    };
+                    Some(AssetSeen {
+                        status,
+                        hold_expires_at: live,
+                        waitlist_length,
+                        holder,
+                    })
+                }
+                None => None,
+            };
+            Ok(row.key.with_row(seen))
+        })
+        .await
+}
+
+/// Holds the AVAILABLE asset for `held` (its buyer and client, its expiry,
+/// how it was made and its metadata): the asset HELD until then with this
+/// reservation current and a new version, and the reservation written at
+/// the asset's price, which `held` takes. `false` when the asset was not
+/// AVAILABLE.
+pub(crate) async fn give(
+    conn: &mut Conn<'_>,
+    held: &mut Reservation,
+    now: Timestamp,
+) -> StoreResult<bool> {
+    #[derive(QueryableByName)]
+    struct Priced {
+        #[diesel(sql_type = Nullable<diesel::sql_types::BigInt>)]
+        price_amount: Option<i64>,
+        #[diesel(sql_type = Nullable<Text>)]
+        price_currency: Option<String>,
+    }
+    let mut claim = Sql::new("UPDATE assets SET status = 'HELD', hold_expires_at = ");
+    claim
+        .bind(Bind::At(held.expires_at))
+        .push(", current_reservation_id = ")
+        .bind(Bind::Text(held.reservation_id.clone()))
+        .push(", version = version + 1, updated_at = ")
+        .bind(Bind::At(now))
+        .push(" WHERE id = ")
+        .bind(Bind::Text(held.asset_id.clone()))
+        .push(" AND status = 'AVAILABLE' RETURNING price_amount, price_currency");
+    let Some(priced) = conn
+        .load_sql::<Priced>(&claim)
+        .await
+        .context("hold the asset")?
+        .into_iter()
+        .next()
+    else {
+        return Ok(false);
+    };
+    held.price = price_of(priced.price_amount, priced.price_currency);
+    let metadata = held
+        .metadata
+        .as_ref()
+        .and_then(|m| serde_json::to_string(m).ok());
+    let mut insert = Sql::new(
+        "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, \
+             client, price_amount, price_currency, metadata, via) VALUES (",
+    );
+    insert
+        .bind(Bind::Text(held.reservation_id.clone()))
+        .push(", ")
+        .bind(Bind::Text(held.asset_id.clone()))
+        .push(", ")
+        .bind(Bind::Text(held.buyer_id.clone()))
+        .push(", 'HELD', ")
+        .bind(Bind::At(held.expires_at))
+        .push(", ")
+        .bind(Bind::At(now))
+        .push(", ")
+        .bind(Bind::Text(held.client.clone()))
+        .push(", ")
+        .bind(Bind::OptBigInt(held.price.as_ref().map(|p| p.amount)))
+        .push(", ")
+        .bind(Bind::OptText(
+            held.price.as_ref().map(|p| p.currency.clone()),
+        ))
+        .push(", ")
+        .bind(Bind::OptText(metadata))
+        .push(", ")
+        .bind(Bind::OptText(held.via.map(|v| v.as_str().to_owned())))
+        .push(")");
+    conn.execute_sql(&insert).await.context("hold the asset")?;
+    Ok(true)
+}

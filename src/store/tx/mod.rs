@@ -1,0 +1,329 @@
+//! The transitions, one module each, and what they share: the first read
+//! of a keyed request ([`Target`]), the answer of a key already used, and
+//! what every change writes after itself in its transaction (its events,
+//! numbered per asset, and the answer stored under its key).
+//!
+//! Every transition follows one shape. It reads what its decision needs in
+//! one snapshot (the database clock included); decides with the domain
+//! rules; and, when something is to change, makes one conditional write
+//! guarded by the state the decision saw, whose answer is built from that
+//! snapshot. A write that finds the state moved changes nothing and the
+//! transition reads and decides again, so every answer agrees with one
+//! order of the requests.
+
+pub(crate) mod assets;
+pub(crate) mod catalogue;
+pub(crate) mod commit;
+pub(crate) mod end_hold;
+pub(crate) mod expire;
+pub(crate) mod extend;
+pub(crate) mod given;
+pub(crate) mod hold;
+pub(crate) mod import;
+pub(crate) mod offer;
+pub(crate) mod refund;
+pub(crate) mod release;
+pub(crate) mod void;
+pub(crate) mod waitlist;
+
+use std::sync::LazyLock;
+
+use diesel::sql_query;
+use diesel::sql_types::{Nullable, Text};
+use diesel::ExpressionMethods;
+
+use super::api::{Client, Idempotency, Keyed, Rendered};
+use super::conn::Conn;
+use super::conn::{Bind, Sql};
+use super::db::Store;
+use super::error::Context;
+use super::error::{StoreError, StoreResult};
+use super::rows::{NewEvent, ReservationSnapshotRow};
+pub(crate) use super::rows::{Snapshot, StoredAnswer};
+use super::schema::{idempotency_keys, At};
+use crate::domain::{EventType, PaymentFate, Reservation, ReservationId, Timestamp};
+
+/// The clock `now` and the answer kept under `idempotency`, if any, read
+/// on `conn`: the first read of a request that reads nothing else with it.
+pub(crate) async fn read_key(
+    conn: &mut Conn<'_>,
+    idempotency: &Idempotency,
+    now: crate::domain::Timestamp,
+) -> StoreResult<super::rows::KeySnapshotRow> {
+    let read = sql_query(
+        "SELECT $1 AS now, i.fingerprint, i.status_code, i.body, i.location \
+         FROM (SELECT 1) AS one \
+         LEFT JOIN idempotency_keys i ON i.client = $2 AND i.key = $3",
+    )
+    .bind::<super::schema::Instant, _>(now)
+    .bind::<Text, _>(idempotency.client.clone())
+    .bind::<Text, _>(idempotency.key.to_string());
+    conn.first(read).await.context("read the idempotency key")
+}
+
+/// How often a request reads again after losing a race before giving up
+/// with 503.
+pub(crate) const MAX_ATTEMPTS: usize = 8;
+
+/// What a request gets when its key already has an answer: that answer
+/// again, or KEY_REUSED when the key was used for another request.
+pub(crate) fn answered<T>(stored: StoredAnswer, idempotency: &Idempotency) -> Keyed<T> {
+    if stored.fingerprint == idempotency.fingerprint {
+        Keyed::Replayed(stored.answer)
+    } else {
+        Keyed::KeyReused
+    }
+}
+
+/// The 503 of a request whose row kept changing under it.
+pub(crate) fn contention(context: &'static str) -> StoreError {
+    StoreError::unavailable(context, "the row kept changing under concurrent requests")
+}
+
+/// The reservation a keyed request is about, and what its first read
+/// takes along.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    /// What the request does, for its 503 when the row keeps changing.
+    context: &'static str,
+    id: ReservationId,
+    idempotency: Idempotency,
+    /// The caller, when only its own reservations exist for it.
+    client: Option<Client>,
+    /// The payment a commit carries (its client and reference), whose fate
+    /// is read with the reservation.
+    payment: Option<(String, String)>,
+}
+
+impl Target {
+    pub(crate) fn new(
+        context: &'static str,
+        id: &ReservationId,
+        idempotency: &Idempotency,
+    ) -> Self {
+        Self {
+            context,
+            id: *id,
+            idempotency: idempotency.clone(),
+            client: None,
+            payment: None,
+        }
+    }
+
+    /// Only a reservation this caller sees exists for it.
+    pub(crate) fn seen_by(self, client: &Client) -> Self {
+        Self {
+            client: Some(client.clone()),
+            ..self
+        }
+    }
+
+    /// The fate of this payment (of this payments client) is read with the
+    /// reservation.
+    pub(crate) fn paying(self, client: &str, reference: &str) -> Self {
+        Self {
+            payment: Some((client.to_owned(), reference.to_owned())),
+            ..self
+        }
+    }
+
+    /// Runs the keyed request. Its snapshot answers a stored answer's
+    /// replay, a reused key, or a reservation the caller cannot see at once;
+    /// else `act` decides on the reservation (with its refunds, by its
+    /// effective status at the snapshot's clock, with the fate of the
+    /// target's payment) and answers from it. While `act` answers `None`
+    /// (its write found the state moved), the reservation is read again and
+    /// decided again.
+    pub(crate) async fn act<T, A>(self, store: &Store, mut act: A) -> StoreResult<Keyed<T>>
+    where
+        A: AsyncFnMut(Reservation, Timestamp, Option<PaymentFate>) -> StoreResult<Option<T>>,
+    {
+        for _ in 0..MAX_ATTEMPTS {
+            let snap = self.snapshot(store).await?;
+            if let Some(stored) = snap.stored {
+                return Ok(answered(stored, &self.idempotency));
+            }
+            let seen = snap
+                .row
+                .filter(|r| self.client.as_ref().is_none_or(|c| c.sees(&r.client)));
+            let Some(reservation) = seen else {
+                return Ok(Keyed::NotFound);
+            };
+            if let Some(outcome) = act(reservation, snap.now, snap.fate).await? {
+                return Ok(Keyed::Done(outcome));
+            }
+        }
+        Err(contention(self.context))
+    }
+
+    /// The first read: clock, reservation with its refunds (a row each),
+    /// stored answer and payment fate, in one statement. Sales recorded
+    /// before payments had clients (client `''`) count for every client.
+    async fn snapshot(&self, store: &Store) -> StoreResult<Snapshot<Reservation>> {
+        let (pg, lite) = (&*SNAPSHOT_PG, &*SNAPSHOT_LITE);
+        let (id, key) = (self.id.to_string(), self.idempotency.clone());
+        let (client, reference) = self.payment.clone().unzip();
+        let rows = store
+            .run("read the reservation", async move |conn| {
+                let (client, reference) = (client.as_deref(), reference.as_deref());
+                let key_client = key.client.as_str();
+                let rows = match conn {
+                    Conn::Pg(_) => {
+                        let query = super::postgres::Prepared(
+                            sql_query(pg.as_str())
+                                .bind::<Text, _>(&id)
+                                .bind::<Text, _>(key_client)
+                                .bind::<Text, _>(key.key.as_str())
+                                .bind::<Nullable<Text>, _>(client)
+                                .bind::<Nullable<Text>, _>(reference),
+                        );
+                        let Conn::Pg(c) = conn else { unreachable!() };
+                        diesel_async::RunQueryDsl::load::<ReservationSnapshotRow>(query, &mut **c)
+                            .await
+                    }
+                    Conn::Lite(_) => {
+                        let now = conn.now().await?;
+                        let query = sql_query(lite.as_str())
+                            .bind::<super::schema::Instant, _>(now)
+                            .bind::<Text, _>(&id)
+                            .bind::<Text, _>(key_client)
+                            .bind::<Text, _>(key.key.as_str())
+                            .bind::<Nullable<Text>, _>(client)
+                            .bind::<Nullable<Text>, _>(reference);
+                        conn.load::<_, ReservationSnapshotRow>(query).await
+                    }
+                };
+                rows.context("read the reservation")
+            })
+            .await?;
+        ReservationSnapshotRow::into_snapshot(rows)
+    }
+}
+
+/// A reservation's first read after its clock, both dialects: parameters
+/// are numbered in the order they first appear (PostgreSQL reads `$n` as
+/// positions, SQLite as names numbered by first appearance, so SQLite's
+/// clock, `$0`, comes first).
+const SNAPSHOT_AFTER_CLOCK: &str = " r.id, r.asset_id, r.buyer_id, r.status, r.expires_at,
+       r.created_at, r.committed_at, r.released_at, r.payment_reference, r.client,
+       r.voided_at, r.payment_client, r.price_amount, r.price_currency, r.metadata, r.via, i.fingerprint, i.status_code, i.body, i.location,
+       p.reservation_id AS fate_reservation_id, p.refund_id AS fate_refund_id,
+       f.id AS refund_id, f.reservation_id AS refund_reservation_id,
+       f.asset_id AS refund_asset_id, f.payment_reference AS refund_payment_reference,
+       f.reason AS refund_reason, f.status AS refund_status,
+       f.created_at AS refund_created_at, f.completed_at AS refund_completed_at,
+       f.payment_client AS refund_payment_client
+  FROM (SELECT 1) AS one
+  LEFT JOIN reservations r ON r.id = $1
+  LEFT JOIN idempotency_keys i ON i.client = $2 AND i.key = $3
+  LEFT JOIN (SELECT reservation_id, refund_id FROM payments
+              WHERE client IN ($4, '') AND reference = $5
+              ORDER BY client DESC LIMIT 1) AS p ON true
+  LEFT JOIN refunds f ON f.reservation_id = r.id
+ ORDER BY f.created_at, f.id";
+
+static SNAPSHOT_PG: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT now() AS now,{SNAPSHOT_AFTER_CLOCK}"));
+static SNAPSHOT_LITE: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT $0 AS now,{SNAPSHOT_AFTER_CLOCK}"));
+
+/// An event about `reservation`, whose data is the reservation as its
+/// answer shows it.
+pub(crate) fn about(
+    reservation: &Reservation,
+    event_type: EventType,
+    data: String,
+    now: Timestamp,
+) -> NewEvent {
+    NewEvent::new(&reservation.asset_id, event_type, data, now).about(&reservation.reservation_id)
+}
+
+/// The answer stored under a key: what a change writes with itself.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keep<'a> {
+    pub idempotency: &'a Idempotency,
+    pub answer: &'a Rendered,
+    /// The reservation the answer is about, if one.
+    pub reservation_id: Option<&'a str>,
+}
+
+/// Writes what goes with a change in its transaction: its events, numbered
+/// from `first` (the number the change's own update of the asset took,
+/// when it took one) and then the asset's next ones, and the answer kept
+/// under the request's key.
+pub(crate) async fn write_after(
+    conn: &mut Conn<'_>,
+    asset: &str,
+    first: Option<i64>,
+    mut events: Vec<NewEvent>,
+    keep: Option<Keep<'_>>,
+    now: Timestamp,
+) -> StoreResult<()> {
+    let extra = events.len() as i64 - i64::from(first.is_some());
+    let mut next = if extra > 0 {
+        take_sequences(conn, asset, extra).await? - extra + 1
+    } else {
+        0
+    };
+    let mut taken = first;
+    for event in &mut events {
+        event.sequence = taken.take().unwrap_or_else(|| {
+            next += 1;
+            next - 1
+        });
+        conn.insert_event(event).await?;
+    }
+    if let Some(keep) = keep {
+        store_answer(conn, keep, now).await?;
+    }
+    Ok(())
+}
+
+/// Takes the next `n` event numbers of an asset (locking its row); the
+/// last of them.
+async fn take_sequences(conn: &mut Conn<'_>, asset: &str, n: i64) -> StoreResult<i64> {
+    #[derive(diesel::QueryableByName)]
+    struct Last {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        last_event_sequence: i64,
+    }
+    let mut take = Sql::new("UPDATE assets SET last_event_sequence = last_event_sequence + ");
+    take.bind(Bind::BigInt(n))
+        .push(" WHERE id = ")
+        .bind(Bind::Text(asset.to_owned()))
+        .push(" RETURNING last_event_sequence");
+    let last = conn
+        .load_sql::<Last>(&take)
+        .await
+        .context("number an event")?
+        .into_iter()
+        .next()
+        .ok_or_else(|| StoreError::Corrupt(format!("asset {asset} went missing")))?;
+    Ok(last.last_event_sequence)
+}
+
+/// Writes the answer kept under the request's key; a unique violation when
+/// a concurrent duplicate kept one first.
+pub(crate) async fn store_answer(
+    conn: &mut Conn<'_>,
+    keep: Keep<'_>,
+    now: Timestamp,
+) -> StoreResult<()> {
+    let Keep {
+        idempotency,
+        answer,
+        reservation_id,
+    } = keep;
+    let insert = diesel::insert_into(idempotency_keys::table).values((
+        idempotency_keys::client.eq(&idempotency.client),
+        idempotency_keys::key.eq(idempotency.key.as_str()),
+        idempotency_keys::fingerprint.eq(&idempotency.fingerprint),
+        idempotency_keys::status_code.eq(i32::from(answer.status)),
+        idempotency_keys::body.eq(&answer.body),
+        idempotency_keys::location.eq(answer.location.as_deref()),
+        idempotency_keys::reservation_id.eq(reservation_id),
+        idempotency_keys::created_at.eq(At(now)),
+    ));
+    conn.execute(insert).await.context("store the answer")?;
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! Offers: a hold an admin makes for a named buyer, owned by a named
+//! storefront client, until an absolute time up to the policy's
+//! `offer_max_seconds` ahead (a runner-up's two business days to pay, an
+//! applicant's paperwork). In every other way it is a hold: the same
+//! commit, release, extension and expiry, the same refund of a late
+//! payment; it does not count toward the buyer's limit of live holds.
+
+use super::expire::{expire_lapsed, Lapsed};
+use super::given::{asset_snapshot, give};
+use super::{about, answered, contention, write_after, Keep, MAX_ATTEMPTS};
+use crate::domain::{AssetStatus, EventType, Reservation, Via};
+use crate::store::api::{Answer, Keyed, OfferOutcome, OfferRequest};
+use crate::store::db::Store;
+use crate::store::error::{Abort, StoreResult};
+
+pub(crate) async fn offer(store: &Store, req: &OfferRequest) -> StoreResult<Keyed<OfferOutcome>> {
+    let policy = store.policy();
+    for _ in 0..MAX_ATTEMPTS {
+        let snap = asset_snapshot(
+            store,
+            "read the asset to offer",
+            req.asset_id.as_str(),
+            &req.idempotency,
+        )
+        .await?;
+        if let Some(stored) = snap.stored {
+            return Ok(answered(stored, &req.idempotency));
+        }
+        let Some(seen) = snap.row else {
+            return Ok(Keyed::NotFound);
+        };
+        let earliest = snap.now + chrono::Duration::seconds(policy.offer_min_seconds);
+        let latest = snap.now + chrono::Duration::seconds(policy.offer_max_seconds);
+        if req.expires_at < earliest || req.expires_at > latest {
+            return Ok(Keyed::Done(OfferOutcome::OutOfRange { earliest, latest }));
+        }
+        if seen.status != AssetStatus::Available {
+            return Ok(Keyed::Done(OfferOutcome::Unavailable {
+                status: seen.status,
+                hold_expires_at: seen.hold_expires_at,
+                waitlist_length: seen.waitlist_length,
+            }));
+        }
+        let offered = Reservation {
+            metadata: req.metadata.clone(),
+            via: Some(Via::Offer),
+            ..Reservation::held(
+                &req.asset_id,
+                &req.buyer_id,
+                &req.client,
+                snap.now,
+                req.expires_at,
+            )
+        };
+        if let Some(offered) = make(store, req, offered).await? {
+            return Ok(Keyed::Done(OfferOutcome::Created(Box::new(offered))));
+        }
+    }
+    Err(contention("make the offer"))
+}
+
+/// Writes the offer while the asset is AVAILABLE (a lapsed hold nobody
+/// swept yet is expired first); `None` when it was taken meanwhile or the
+/// key was used concurrently.
+async fn make(
+    store: &Store,
+    req: &OfferRequest,
+    offered: Reservation,
+) -> StoreResult<Option<Reservation>> {
+    let (store_, req) = (store.clone(), req.clone());
+    store
+        .write("make the offer", async move |conn| {
+            let mut offered = offered;
+            let now = offered.created_at;
+            let asset = offered.asset_id.clone();
+            expire_lapsed(conn, Lapsed::Of(&asset), now, store_.policy()).await?;
+            if !give(conn, &mut offered, now).await? {
+                return Err(Abort::Retry);
+            }
+            let answer = store_.render(Answer::Held(&offered));
+            let event = about(
+                &offered,
+                EventType::ReservationHeld,
+                answer.body.clone(),
+                now,
+            )
+            .via(Some(Via::Offer))
+            .by(&req.by);
+            let keep = Keep {
+                idempotency: &req.idempotency,
+                answer: &answer,
+                reservation_id: Some(&offered.reservation_id),
+            };
+            write_after(conn, &asset, None, vec![event], Some(keep), now).await?;
+            Ok(offered)
+        })
+        .await
+}
