@@ -141,7 +141,7 @@ pub(crate) struct Seen {
     target: HoldTarget,
     /// The reservation holding it (live or lapsed).
     holding: Option<String>,
-    /// That reservation's client and buyer.
+    /// That reservation's client and buyer, while the asset is HELD.
     holder: Option<(String, String)>,
     price: Option<Price>,
     waitlist_length: i64,
@@ -464,6 +464,7 @@ async fn snapshot(store: &Store, req: &HoldRequest) -> StoreResult<Snapshot<Seen
                  FROM (SELECT 1) AS one \
                  LEFT JOIN assets a ON a.id = $2 \
                  LEFT JOIN reservations h ON h.id = a.current_reservation_id \
+                     AND a.status = 'HELD' \
                  LEFT JOIN idempotency_keys i ON i.client = $3 AND i.key = $4",
             )
             .bind::<Instant, _>(now)
@@ -478,15 +479,26 @@ async fn snapshot(store: &Store, req: &HoldRequest) -> StoreResult<Snapshot<Seen
 
 /// A hold's first read on PostgreSQL, for many requests at once: `$1`, `$2`
 /// and `$3` are the requests' asset ids, key clients and keys, answered one
-/// row each in their order.
+/// row each in their order. Each asset named (and its holder) is read once
+/// however many requests name it, as in a flash sale; each key once per
+/// request.
 pub const HOLD_SNAPSHOT_SQL: &str = "\
-SELECT now() AS now, a.status, a.hold_expires_at, a.available_from, a.current_reservation_id,
-       a.price_amount, a.price_currency, a.waitlist_length, h.client AS holder_client,
-       h.buyer_id AS holder_buyer,
+WITH r AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY
+        AS r(asset_id, client, key, ord)
+), s AS MATERIALIZED (
+    SELECT a.id, a.status, a.hold_expires_at, a.available_from, a.current_reservation_id,
+           a.price_amount, a.price_currency, a.waitlist_length, h.client AS holder_client,
+           h.buyer_id AS holder_buyer
+      FROM assets a
+      LEFT JOIN reservations h ON h.id = a.current_reservation_id AND a.status = 'HELD'
+     WHERE a.id = ANY($1::text[])
+)
+SELECT now() AS now, s.status, s.hold_expires_at, s.available_from, s.current_reservation_id,
+       s.price_amount, s.price_currency, s.waitlist_length, s.holder_client, s.holder_buyer,
        i.fingerprint, i.status_code, i.body, i.location
-  FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS r(asset_id, client, key, ord)
-  LEFT JOIN assets a ON a.id = r.asset_id
-  LEFT JOIN reservations h ON h.id = a.current_reservation_id
+  FROM r
+  LEFT JOIN s ON s.id = r.asset_id
   LEFT JOIN idempotency_keys i ON i.client = r.client AND i.key = r.key
  ORDER BY r.ord";
 
