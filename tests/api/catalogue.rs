@@ -8,33 +8,8 @@ use serde_json::{json, Value};
 use crate::backend_tests;
 use crate::helpers::{new_key, spawn_with_keys, Backend, TestApp};
 
-/// Sends `method path` with `body` as the caller `token` (open mode without),
-/// under a fresh Idempotency-Key; its status and JSON body.
-async fn send(
-    app: &TestApp,
-    method: Method,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = app
-        .client
-        .request(method, app.url(path))
-        .header("Idempotency-Key", new_key());
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.expect("sent");
-    let status = response.status().as_u16();
-    let text = response.text().await.expect("a body");
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
 async fn create(app: &TestApp, body: Value) -> (u16, Value) {
-    send(app, Method::POST, "/v1/assets", None, Some(body)).await
+    app.send(Method::POST, "/v1/assets", None, Some(body)).await
 }
 
 /// The ids of a page of assets.
@@ -130,17 +105,17 @@ async fn a_patch_changes_the_catalogue_but_not_the_hold(app: TestApp) {
     let held = app.hold("PT-1", "buyer-1", 300).await;
     assert_eq!(held["price"], json!({"amount": 100, "currency": "EUR"}));
     let before = app.get_json("/v1/assets/PT-1").await;
-    let (status, after) = send(
-        &app,
-        Method::PATCH,
-        "/v1/assets/PT-1",
-        None,
-        Some(
-            json!({"name": "renamed", "price": {"amount": 150, "currency": "EUR"},
+    let (status, after) = app
+        .send(
+            Method::PATCH,
+            "/v1/assets/PT-1",
+            None,
+            Some(
+                json!({"name": "renamed", "price": {"amount": 150, "currency": "EUR"},
                     "attributes": {"digits": null, "vanity": true}}),
-        ),
-    )
-    .await;
+            ),
+        )
+        .await;
     assert_eq!(status, 200, "{after}");
     assert_eq!(after["name"], "renamed");
     assert_eq!(after["price"]["amount"], 150);
@@ -161,28 +136,28 @@ async fn a_patch_changes_the_catalogue_but_not_the_hold(app: TestApp) {
     assert_eq!(last["type"], "asset.updated");
     assert_eq!(last["data"]["attributes"]["vanity"], true);
     // price: null removes the price; the filters follow the attributes.
-    let (_, unpriced) = send(
-        &app,
-        Method::PATCH,
-        "/v1/assets/PT-1",
-        None,
-        Some(json!({"price": null})),
-    )
-    .await;
+    let (_, unpriced) = app
+        .send(
+            Method::PATCH,
+            "/v1/assets/PT-1",
+            None,
+            Some(json!({"price": null})),
+        )
+        .await;
     assert_eq!(unpriced["price"], Value::Null);
     assert!(ids(&app, "attribute=digits:4").await.is_empty());
     assert_eq!(ids(&app, "attribute=vanity:true").await, ["PT-1"]);
     // More than 32 attributes after the merge: 422, nothing changed.
     let many: serde_json::Map<String, Value> =
         (0..31).map(|i| (format!("k{i}"), json!(i))).collect();
-    let (status, _) = send(
-        &app,
-        Method::PATCH,
-        "/v1/assets/PT-1",
-        None,
-        Some(json!({"attributes": many})),
-    )
-    .await;
+    let (status, _) = app
+        .send(
+            Method::PATCH,
+            "/v1/assets/PT-1",
+            None,
+            Some(json!({"attributes": many})),
+        )
+        .await;
     assert_eq!(status, 422);
     assert_eq!(
         app.get_json("/v1/assets/PT-1").await["attributes"],
@@ -255,14 +230,9 @@ async fn the_list_filters_by_prefix_attributes_and_price(app: TestApp) {
         ("attribute=Bad:1", "attribute"),
         ("id_prefix=%20", "id_prefix"),
     ] {
-        let (status, problem) = send(
-            &app,
-            Method::GET,
-            &format!("/v1/assets?{query}"),
-            None,
-            None,
-        )
-        .await;
+        let (status, problem) = app
+            .send(Method::GET, &format!("/v1/assets?{query}"), None, None)
+            .await;
         assert_eq!(status, 422, "{query}: {problem}");
         assert_eq!(fields(&problem), [field], "{query}");
     }
@@ -325,17 +295,17 @@ async fn a_batch_is_all_or_nothing(app: TestApp) {
     create(&app, json!({"id": "B-0", "name": "zero"})).await;
     create(&app, json!({"id": "B-X", "name": "ex"})).await;
     // One bad item: 422 naming it by its index path, nothing written.
-    let (status, problem) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/batch",
-        None,
-        Some(json!({"items": [
-            {"id": "B-1", "name": "one"},
-            {"id": "B-2", "name": "two", "price": {"amount": 5, "currency": "eu"}},
-        ]})),
-    )
-    .await;
+    let (status, problem) = app
+        .send(
+            Method::POST,
+            "/v1/assets/batch",
+            None,
+            Some(json!({"items": [
+                {"id": "B-1", "name": "one"},
+                {"id": "B-2", "name": "two", "price": {"amount": 5, "currency": "eu"}},
+            ]})),
+        )
+        .await;
     assert_eq!(status, 422, "{problem}");
     assert_eq!(fields(&problem), ["items[1].price.currency"]);
     assert_eq!(
@@ -344,18 +314,18 @@ async fn a_batch_is_all_or_nothing(app: TestApp) {
         0
     );
     // An existing id with other data: 409 naming every such item.
-    let (status, problem) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/batch",
-        None,
-        Some(json!({"items": [
-            {"id": "B-1", "name": "one"},
-            {"id": "B-0", "name": "not zero"},
-            {"id": "B-X", "name": "not ex"},
-        ]})),
-    )
-    .await;
+    let (status, problem) = app
+        .send(
+            Method::POST,
+            "/v1/assets/batch",
+            None,
+            Some(json!({"items": [
+                {"id": "B-1", "name": "one"},
+                {"id": "B-0", "name": "not zero"},
+                {"id": "B-X", "name": "not ex"},
+            ]})),
+        )
+        .await;
     assert_eq!(status, 409, "{problem}");
     assert_eq!(problem["error_code"], "ASSET_EXISTS");
     assert_eq!(
@@ -385,7 +355,9 @@ async fn a_batch_is_all_or_nothing(app: TestApp) {
     assert_eq!(again.headers().get("idempotent-replayed").unwrap(), "true");
     assert_eq!(again.json::<Value>().await.unwrap(), first);
     // Sent again under a new key: everything unchanged.
-    let (_, second) = send(&app, Method::POST, "/v1/assets/batch", None, Some(body)).await;
+    let (_, second) = app
+        .send(Method::POST, "/v1/assets/batch", None, Some(body))
+        .await;
     assert_eq!(
         second,
         json!({"created": [], "unchanged": ["B-1", "B-0", "B-2"]})
@@ -395,14 +367,14 @@ async fn a_batch_is_all_or_nothing(app: TestApp) {
     let items: Vec<Value> = (0..1001)
         .map(|i| json!({"id": format!("M-{i}"), "name": "m"}))
         .collect();
-    let (status, problem) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/batch",
-        None,
-        Some(json!({"items": items})),
-    )
-    .await;
+    let (status, problem) = app
+        .send(
+            Method::POST,
+            "/v1/assets/batch",
+            None,
+            Some(json!({"items": items})),
+        )
+        .await;
     assert_eq!(status, 422, "{problem}");
     assert_eq!(fields(&problem), ["items"]);
     let (ok, doc) = crate::audit::audit(&app);
@@ -412,8 +384,7 @@ async fn a_batch_is_all_or_nothing(app: TestApp) {
 async fn parallel_own_holds_of_one_buyer_make_one_reservation(app: TestApp) {
     app.create_asset("OWN-1").await;
     let answers = join_all((0..12).map(|_| {
-        send(
-            &app,
+        app.send(
             Method::POST,
             "/v1/assets/OWN-1/reservations",
             None,
@@ -453,14 +424,14 @@ async fn parallel_own_holds_of_one_buyer_make_one_reservation(app: TestApp) {
         before
     );
     // Another buyer is still refused.
-    let (status, body) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/OWN-1/reservations",
-        None,
-        Some(json!({"buyer_id": "other-buyer"})),
-    )
-    .await;
+    let (status, body) = app
+        .send(
+            Method::POST,
+            "/v1/assets/OWN-1/reservations",
+            None,
+            Some(json!({"buyer_id": "other-buyer"})),
+        )
+        .await;
     assert_eq!(status, 409);
     assert_eq!(body["error_code"], "ASSET_UNAVAILABLE");
     let (ok, doc) = crate::audit::audit(&app);
@@ -479,14 +450,14 @@ async fn a_short_payment_is_refunded_once_and_a_right_one_still_buys(app: TestAp
     let path = format!("/v1/reservations/{id}/commit");
     let mut refunds = Vec::new();
     for _ in 0..3 {
-        let (status, body) = send(
-            &app,
-            Method::POST,
-            &path,
-            None,
-            Some(commit("pay-short", 900, "EUR")),
-        )
-        .await;
+        let (status, body) = app
+            .send(
+                Method::POST,
+                &path,
+                None,
+                Some(commit("pay-short", 900, "EUR")),
+            )
+            .await;
         assert_eq!(status, 409, "{body}");
         assert_eq!(body["error_code"], "PAYMENT_AMOUNT_MISMATCH");
         assert_eq!(body["reservation"]["status"], "HELD");
@@ -494,14 +465,14 @@ async fn a_short_payment_is_refunded_once_and_a_right_one_still_buys(app: TestAp
         refunds.push(body["refund"]["refund_id"].clone());
     }
     assert!(refunds.windows(2).all(|w| w[0] == w[1]), "{refunds:?}");
-    let (status, body) = send(
-        &app,
-        Method::POST,
-        &path,
-        None,
-        Some(commit("pay-other-currency", 1000, "USD")),
-    )
-    .await;
+    let (status, body) = app
+        .send(
+            Method::POST,
+            &path,
+            None,
+            Some(commit("pay-other-currency", 1000, "USD")),
+        )
+        .await;
     assert_eq!(status, 409);
     assert_eq!(body["error_code"], "PAYMENT_AMOUNT_MISMATCH");
     assert_eq!(
@@ -510,14 +481,14 @@ async fn a_short_payment_is_refunded_once_and_a_right_one_still_buys(app: TestAp
         2
     );
     // A payment of the price or more buys it.
-    let (status, body) = send(
-        &app,
-        Method::POST,
-        &path,
-        None,
-        Some(commit("pay-right", 1200, "EUR")),
-    )
-    .await;
+    let (status, body) = app
+        .send(
+            Method::POST,
+            &path,
+            None,
+            Some(commit("pay-right", 1200, "EUR")),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "COMMITTED");
     assert_eq!(body["refunds"].as_array().unwrap().len(), 2);
@@ -542,54 +513,56 @@ async fn metadata_stays_with_its_owner(backend: Backend) {
         return;
     };
     let (admin, shop, other, psp) = (keys.admin, keys.shop, keys.other_shop, keys.payments);
-    let (status, _) = send(
-        &app,
-        Method::POST,
-        "/v1/assets",
-        Some(&admin),
-        Some(json!({"id": "MD-1", "name": "m"})),
-    )
-    .await;
+    let (status, _) = app
+        .send(
+            Method::POST,
+            "/v1/assets",
+            Some(&admin),
+            Some(json!({"id": "MD-1", "name": "m"})),
+        )
+        .await;
     assert_eq!(status, 201);
-    let (status, held) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/MD-1/reservations",
-        Some(&shop),
-        Some(json!({"buyer_id": "b", "metadata": {"order_id": "ord-5521"}})),
-    )
-    .await;
+    let (status, held) = app
+        .send(
+            Method::POST,
+            "/v1/assets/MD-1/reservations",
+            Some(&shop),
+            Some(json!({"buyer_id": "b", "metadata": {"order_id": "ord-5521"}})),
+        )
+        .await;
     assert_eq!(status, 201, "{held}");
     assert_eq!(held["metadata"], json!({"order_id": "ord-5521"}));
     let id = held["reservation_id"].as_str().unwrap();
     for token in [&shop, &admin, &psp] {
-        let (_, r) = send(
-            &app,
+        let (_, r) = app
+            .send(
+                Method::GET,
+                &format!("/v1/reservations/{id}"),
+                Some(token),
+                None,
+            )
+            .await;
+        assert_eq!(r["metadata"]["order_id"], "ord-5521");
+    }
+    let (status, _) = app
+        .send(
             Method::GET,
             &format!("/v1/reservations/{id}"),
-            Some(token),
+            Some(&other),
             None,
         )
         .await;
-        assert_eq!(r["metadata"]["order_id"], "ord-5521");
-    }
-    let (status, _) = send(
-        &app,
-        Method::GET,
-        &format!("/v1/reservations/{id}"),
-        Some(&other),
-        None,
-    )
-    .await;
     assert_eq!(status, 404);
-    let (_, list) = send(&app, Method::GET, "/v1/reservations", Some(&other), None).await;
+    let (_, list) = app
+        .send(Method::GET, "/v1/reservations", Some(&other), None)
+        .await;
     assert!(list["items"].as_array().unwrap().is_empty());
     for path in ["/v1/assets/MD-1/events", "/v1/events"] {
         // The feed shows an event once every older transaction of the
         // cluster ended (other tests' included): read until it is there.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let ops = loop {
-            let (_, ops) = send(&app, Method::GET, path, Some(&admin), None).await;
+            let (_, ops) = app.send(Method::GET, path, Some(&admin), None).await;
             if !ops["items"].as_array().unwrap().is_empty() || std::time::Instant::now() > deadline
             {
                 break ops;
@@ -598,7 +571,7 @@ async fn metadata_stays_with_its_owner(backend: Backend) {
         };
         // The operator's own view (and webhooks) carry it.
         assert!(ops.to_string().contains("ord-5521"), "{path}: {ops}");
-        let (_, theirs) = send(&app, Method::GET, path, Some(&other), None).await;
+        let (_, theirs) = app.send(Method::GET, path, Some(&other), None).await;
         assert_eq!(
             theirs["items"].as_array().unwrap().len(),
             1,
@@ -610,14 +583,14 @@ async fn metadata_stays_with_its_owner(backend: Backend) {
     // Bounds: 16 members, 2 KiB.
     let many: serde_json::Map<String, Value> =
         (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
-    let (status, problem) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/MD-1/reservations",
-        Some(&shop),
-        Some(json!({"buyer_id": "c", "metadata": many})),
-    )
-    .await;
+    let (status, problem) = app
+        .send(
+            Method::POST,
+            "/v1/assets/MD-1/reservations",
+            Some(&shop),
+            Some(json!({"buyer_id": "c", "metadata": many})),
+        )
+        .await;
     assert_eq!(status, 422, "{problem}");
     assert_eq!(fields(&problem), ["metadata"]);
 }

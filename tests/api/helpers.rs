@@ -284,6 +284,32 @@ impl TestApp {
         request.send().await.expect("POST is sent")
     }
 
+    /// Sends `method path` with `body` as the caller `token` (open mode
+    /// without), under a fresh Idempotency-Key: its status and JSON body
+    /// (null when the body is not JSON).
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .client
+            .request(method, self.url(path))
+            .header("Idempotency-Key", new_key());
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("sent");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("a body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
     pub async fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
         self.client.request(method, self.url(path))
     }

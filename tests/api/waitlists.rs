@@ -10,32 +10,8 @@ use serde_json::{json, Value};
 use crate::backend_tests;
 use crate::helpers::{new_key, Backend, TestApp};
 
-async fn send(
-    app: &TestApp,
-    method: Method,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = app
-        .client
-        .request(method, app.url(path))
-        .header("Idempotency-Key", new_key());
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.expect("sent");
-    let status = response.status().as_u16();
-    let text = response.text().await.expect("a body");
-    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-}
-
 async fn join(app: &TestApp, asset: &str, buyer: &str) -> (u16, Value) {
-    send(
-        app,
+    app.send(
         Method::POST,
         &format!("/v1/assets/{asset}/waitlist"),
         None,
@@ -45,8 +21,7 @@ async fn join(app: &TestApp, asset: &str, buyer: &str) -> (u16, Value) {
 }
 
 async fn hold(app: &TestApp, asset: &str, buyer: &str) -> (u16, Value) {
-    send(
-        app,
+    app.send(
         Method::POST,
         &format!("/v1/assets/{asset}/reservations"),
         None,
@@ -228,27 +203,17 @@ async fn leaving_moves_the_others_up(app: TestApp) {
     for buyer in ["a", "b", "c"] {
         join(&app, "LV-1", buyer).await;
     }
-    let (status, _) = send(
-        &app,
-        Method::DELETE,
-        "/v1/assets/LV-1/waitlist/b",
-        None,
-        None,
-    )
-    .await;
+    let (status, _) = app
+        .send(Method::DELETE, "/v1/assets/LV-1/waitlist/b", None, None)
+        .await;
     assert_eq!(status, 204);
     assert_eq!(
         queue(&app, "LV-1").await,
         [("a".to_owned(), 1), ("c".to_owned(), 2)]
     );
-    let (status, problem) = send(
-        &app,
-        Method::DELETE,
-        "/v1/assets/LV-1/waitlist/b",
-        None,
-        None,
-    )
-    .await;
+    let (status, problem) = app
+        .send(Method::DELETE, "/v1/assets/LV-1/waitlist/b", None, None)
+        .await;
     assert_eq!(status, 404);
     assert_eq!(problem["error_code"], "WAITLIST_ENTRY_NOT_FOUND");
     assert_eq!(app.get_json("/v1/assets/LV-1").await["waitlist_length"], 2);
@@ -324,35 +289,35 @@ async fn an_offer_is_a_hold_for_a_named_buyer(app: TestApp) {
     };
     // Beyond 14 days, or in the past: 422 naming expires_at.
     for expires in [days(15), days(-1)] {
-        let (status, problem) = send(
-            &app,
-            Method::POST,
-            "/v1/assets/OF-1/offers",
-            None,
-            Some(offer(expires)),
-        )
-        .await;
+        let (status, problem) = app
+            .send(
+                Method::POST,
+                "/v1/assets/OF-1/offers",
+                None,
+                Some(offer(expires)),
+            )
+            .await;
         assert_eq!(status, 422, "{problem}");
         assert_eq!(problem["errors"][0]["field"], "expires_at");
     }
-    let (status, problem) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/OF-1/offers",
-        None,
-        Some(json!({"buyer_id": "b", "client": "nobody", "expires_at": days(2)})),
-    )
-    .await;
+    let (status, problem) = app
+        .send(
+            Method::POST,
+            "/v1/assets/OF-1/offers",
+            None,
+            Some(json!({"buyer_id": "b", "client": "nobody", "expires_at": days(2)})),
+        )
+        .await;
     assert_eq!(status, 422);
     assert_eq!(problem["errors"][0]["field"], "client");
-    let (status, offered) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/OF-1/offers",
-        None,
-        Some(offer(days(14))),
-    )
-    .await;
+    let (status, offered) = app
+        .send(
+            Method::POST,
+            "/v1/assets/OF-1/offers",
+            None,
+            Some(offer(days(14))),
+        )
+        .await;
     assert_eq!(status, 201, "{offered}");
     assert_eq!(offered["status"], "HELD");
     assert_eq!(offered["via"], "offer");
@@ -366,38 +331,38 @@ async fn an_offer_is_a_hold_for_a_named_buyer(app: TestApp) {
         assert_eq!(status, 201, "hold {i}");
     }
     // Taken: another offer answers 409.
-    let (status, problem) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/OF-1/offers",
-        None,
-        Some(offer(days(3))),
-    )
-    .await;
+    let (status, problem) = app
+        .send(
+            Method::POST,
+            "/v1/assets/OF-1/offers",
+            None,
+            Some(offer(days(3))),
+        )
+        .await;
     assert_eq!(status, 409);
     assert_eq!(problem["error_code"], "ASSET_UNAVAILABLE");
     // Extended to a date, then committed like a hold.
     let id = offered["reservation_id"].as_str().unwrap().to_owned();
-    let (status, extended) = send(
-        &app,
-        Method::POST,
-        &format!("/v1/reservations/{id}/extend"),
-        None,
-        Some(json!({"expires_at": days(10)})),
-    )
-    .await;
+    let (status, extended) = app
+        .send(
+            Method::POST,
+            &format!("/v1/reservations/{id}/extend"),
+            None,
+            Some(json!({"expires_at": days(10)})),
+        )
+        .await;
     assert_eq!(status, 200, "{extended}");
     assert_eq!(app.commit(&id, &new_key(), "pay-offer").await.status(), 200);
     // A second offer lapses, and a late payment is refunded.
     app.create_asset("OF-2").await;
-    let (_, second) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/OF-2/offers",
-        None,
-        Some(offer(days(2))),
-    )
-    .await;
+    let (_, second) = app
+        .send(
+            Method::POST,
+            "/v1/assets/OF-2/offers",
+            None,
+            Some(offer(days(2))),
+        )
+        .await;
     let id = second["reservation_id"].as_str().unwrap().to_owned();
     app.lapse(&id).await;
     let late = app.commit(&id, &new_key(), "pay-late").await;
@@ -487,12 +452,13 @@ async fn storefronts_see_only_their_own_entries_and_offers(backend: Backend) {
     };
     for id in ["VS-1", "VS-2"] {
         let body = json!({"id": id, "name": id});
-        let (status, _) = send(&app, Method::POST, "/v1/assets", Some(&admin), Some(body)).await;
+        let (status, _) = app
+            .send(Method::POST, "/v1/assets", Some(&admin), Some(body))
+            .await;
         assert_eq!(status, 201);
     }
     let held = json!({"buyer_id": "h"});
-    send(
-        &app,
+    app.send(
         Method::POST,
         "/v1/assets/VS-1/reservations",
         Some(&shop),
@@ -501,102 +467,91 @@ async fn storefronts_see_only_their_own_entries_and_offers(backend: Backend) {
     .await;
     for (token, buyer) in [(&shop, "a-1"), (&other, "b-1"), (&shop, "a-2")] {
         let body = json!({"buyer_id": buyer});
-        let (status, _) = send(
-            &app,
-            Method::POST,
-            "/v1/assets/VS-1/waitlist",
-            Some(token),
-            Some(body),
-        )
-        .await;
+        let (status, _) = app
+            .send(
+                Method::POST,
+                "/v1/assets/VS-1/waitlist",
+                Some(token),
+                Some(body),
+            )
+            .await;
         assert_eq!(status, 201);
     }
-    let (_, theirs) = send(
-        &app,
-        Method::GET,
-        "/v1/assets/VS-1/waitlist",
-        Some(&other),
-        None,
-    )
-    .await;
+    let (_, theirs) = app
+        .send(Method::GET, "/v1/assets/VS-1/waitlist", Some(&other), None)
+        .await;
     assert_eq!(
         theirs["items"],
         json!([{"asset_id": "VS-1", "buyer_id": "b-1", "position": 2,
                 "joined_at": theirs["items"][0]["joined_at"]}])
     );
-    let (_, all) = send(
-        &app,
-        Method::GET,
-        "/v1/assets/VS-1/waitlist",
-        Some(&admin),
-        None,
-    )
-    .await;
+    let (_, all) = app
+        .send(Method::GET, "/v1/assets/VS-1/waitlist", Some(&admin), None)
+        .await;
     assert_eq!(all["items"].as_array().unwrap().len(), 3);
     // shop-b cannot take shop-a's buyer off the queue.
-    let (status, _) = send(
-        &app,
-        Method::DELETE,
-        "/v1/assets/VS-1/waitlist/a-1",
-        Some(&other),
-        None,
-    )
-    .await;
+    let (status, _) = app
+        .send(
+            Method::DELETE,
+            "/v1/assets/VS-1/waitlist/a-1",
+            Some(&other),
+            None,
+        )
+        .await;
     assert_eq!(status, 404);
     // An admin names the client, or is told to.
-    let (status, problem) = send(
-        &app,
-        Method::DELETE,
-        "/v1/assets/VS-1/waitlist/a-1",
-        Some(&admin),
-        None,
-    )
-    .await;
+    let (status, problem) = app
+        .send(
+            Method::DELETE,
+            "/v1/assets/VS-1/waitlist/a-1",
+            Some(&admin),
+            None,
+        )
+        .await;
     assert_eq!(status, 422);
     assert_eq!(problem["errors"][0]["field"], "client");
-    let (status, _) = send(
-        &app,
-        Method::DELETE,
-        "/v1/assets/VS-1/waitlist/a-1?client=shop-a",
-        Some(&admin),
-        None,
-    )
-    .await;
+    let (status, _) = app
+        .send(
+            Method::DELETE,
+            "/v1/assets/VS-1/waitlist/a-1?client=shop-a",
+            Some(&admin),
+            None,
+        )
+        .await;
     assert_eq!(status, 204);
     // An offer owned by shop-a: shop-b does not see it.
     let expires = (chrono::Utc::now() + chrono::Duration::days(2))
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let body = json!({"buyer_id": "runner-up", "client": "shop-a", "expires_at": expires});
-    let (status, offered) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/VS-2/offers",
-        Some(&admin),
-        Some(body),
-    )
-    .await;
+    let (status, offered) = app
+        .send(
+            Method::POST,
+            "/v1/assets/VS-2/offers",
+            Some(&admin),
+            Some(body),
+        )
+        .await;
     assert_eq!(status, 201, "{offered}");
     let id = offered["reservation_id"].as_str().unwrap();
     let path = format!("/v1/reservations/{id}");
+    assert_eq!(app.send(Method::GET, &path, Some(&shop), None).await.0, 200);
     assert_eq!(
-        send(&app, Method::GET, &path, Some(&shop), None).await.0,
-        200
-    );
-    assert_eq!(
-        send(&app, Method::GET, &path, Some(&other), None).await.0,
+        app.send(Method::GET, &path, Some(&other), None).await.0,
         404
     );
-    let (_, asset) = send(&app, Method::GET, "/v1/assets/VS-2", Some(&other), None).await;
+    let (_, asset) = app
+        .send(Method::GET, "/v1/assets/VS-2", Some(&other), None)
+        .await;
     assert_eq!(asset["current_reservation_id"], Value::Null);
     // A storefront may not make offers.
     let body = json!({"buyer_id": "x", "client": "shop-a", "expires_at": expires});
-    let (status, _) = send(
-        &app,
-        Method::POST,
-        "/v1/assets/VS-2/offers",
-        Some(&shop),
-        Some(body),
-    )
-    .await;
+    let (status, _) = app
+        .send(
+            Method::POST,
+            "/v1/assets/VS-2/offers",
+            Some(&shop),
+            Some(body),
+        )
+        .await;
     assert_eq!(status, 403);
 }
