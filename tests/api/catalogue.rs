@@ -381,6 +381,106 @@ async fn a_batch_is_all_or_nothing(app: TestApp) {
     assert!(ok, "{doc:#}");
 }
 
+async fn a_batch_keeps_sale_dates_and_compares_an_id_named_twice(app: TestApp) {
+    let opens = (chrono::Utc::now() + chrono::Duration::hours(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    // An id named twice with the same data: created by its first item,
+    // unchanged by the second; the sale date is kept.
+    let (status, done) = app
+        .send(
+            Method::POST,
+            "/v1/assets/batch",
+            None,
+            Some(json!({"items": [
+                {"id": "D-1", "name": "later", "available_from": opens},
+                {"id": "D-2", "name": "twice"},
+                {"id": "D-2", "name": "twice"},
+            ]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(
+        done,
+        json!({"created": ["D-1", "D-2"], "unchanged": ["D-2"]})
+    );
+    let asset = app.get_json("/v1/assets/D-1").await;
+    let stored = chrono::DateTime::parse_from_rfc3339(asset["available_from"].as_str().unwrap());
+    let sent = chrono::DateTime::parse_from_rfc3339(&opens).unwrap();
+    assert_eq!(stored.unwrap(), sent, "{asset}");
+    let (status, body) = app
+        .send(
+            Method::POST,
+            "/v1/assets/D-1/reservations",
+            None,
+            Some(json!({"buyer_id": "early"})),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error_code"], "SALE_NOT_OPEN");
+    // Named twice with different data: 409 naming the later item, and
+    // nothing of the batch written.
+    let (status, problem) = app
+        .send(
+            Method::POST,
+            "/v1/assets/batch",
+            None,
+            Some(json!({"items": [
+                {"id": "D-3", "name": "one"},
+                {"id": "D-3", "name": "another"},
+            ]})),
+        )
+        .await;
+    assert_eq!(status, 409, "{problem}");
+    assert_eq!(problem["conflicts"], json!([{"index": 1, "id": "D-3"}]));
+    assert_eq!(
+        app.count("SELECT count(*) FROM assets WHERE id = 'D-3'")
+            .await,
+        0
+    );
+}
+
+async fn overlapping_batches_in_parallel_create_each_asset_once(app: TestApp) {
+    // Eight batches of 200 ids, each sharing half its ids with the next,
+    // all at once: every one succeeds, and each id is created by exactly
+    // one of them and unchanged in the others.
+    let batches: Vec<Value> = (0..8)
+        .map(|b| {
+            let items: Vec<Value> = (b * 100..b * 100 + 200)
+                .map(|i| json!({"id": format!("P-{i:04}"), "name": "lot"}))
+                .collect();
+            json!({"items": items})
+        })
+        .collect();
+    let answers = join_all(batches.into_iter().map(|body| {
+        let app = &app;
+        async move {
+            app.send(Method::POST, "/v1/assets/batch", None, Some(body))
+                .await
+        }
+    }))
+    .await;
+    let mut created = std::collections::HashMap::new();
+    for (status, answer) in &answers {
+        assert_eq!(*status, 200, "{answer}");
+        let names = |field: &str| answer[field].as_array().expect("a list").len();
+        assert_eq!(names("created") + names("unchanged"), 200, "{answer}");
+        for id in answer["created"].as_array().expect("created") {
+            *created
+                .entry(id.as_str().expect("an id").to_owned())
+                .or_insert(0) += 1;
+        }
+    }
+    assert_eq!(created.len(), 900, "every id created");
+    assert!(created.values().all(|&n| n == 1), "{created:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM assets WHERE id LIKE 'P-%'")
+            .await,
+        900
+    );
+    let (ok, doc) = crate::audit::audit(&app);
+    assert!(ok, "{doc:#}");
+}
+
 async fn parallel_own_holds_of_one_buyer_make_one_reservation(app: TestApp) {
     app.create_asset("OWN-1").await;
     let answers = join_all((0..12).map(|_| {
@@ -600,6 +700,8 @@ backend_tests!(
     a_patch_changes_the_catalogue_but_not_the_hold,
     the_list_filters_by_prefix_attributes_and_price,
     a_batch_is_all_or_nothing,
+    a_batch_keeps_sale_dates_and_compares_an_id_named_twice,
+    overlapping_batches_in_parallel_create_each_asset_once,
     a_price_filter_pages_alike_whether_many_or_few_pass,
     parallel_own_holds_of_one_buyer_make_one_reservation,
     a_short_payment_is_refunded_once_and_a_right_one_still_buys;
