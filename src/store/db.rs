@@ -171,22 +171,29 @@ impl Store {
 
     /// Runs a use case within the call timeout, with a gate that tells a
     /// failure that wrote nothing from one whose COMMIT may have been sent.
-    pub(crate) async fn bounded<T>(
+    ///
+    /// The use case's future goes to the heap once, here: it is the largest
+    /// part of a request's state, and the request's own future (which actix
+    /// moves, and boxes) then carries a pointer to it instead of a copy.
+    pub(crate) fn bounded<'a, T: 'a>(
         &self,
         context: &'static str,
-        call: impl Future<Output = StoreResult<T>>,
-    ) -> StoreResult<T> {
+        call: impl Future<Output = StoreResult<T>> + 'a,
+    ) -> impl Future<Output = StoreResult<T>> + 'a {
         let timeout = self.settings.call_timeout;
-        let gate = outcome::Gate::new();
-        let call = outcome::with_gate(gate.clone(), call);
-        match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(e.with_outcome(gate.outcome())),
-            Err(_) => Err(StoreError::unavailable(
-                context,
-                format!("no answer within {timeout:?} (timeout)"),
-            )
-            .with_outcome(gate.abandon())),
+        let call = Box::pin(call);
+        async move {
+            let gate = outcome::Gate::new();
+            let call = outcome::with_gate(gate.clone(), call);
+            match tokio::time::timeout(timeout, call).await {
+                Ok(Ok(value)) => Ok(value),
+                Ok(Err(e)) => Err(e.with_outcome(gate.outcome())),
+                Err(_) => Err(StoreError::unavailable(
+                    context,
+                    format!("no answer within {timeout:?} (timeout)"),
+                )
+                .with_outcome(gate.abandon())),
+            }
         }
     }
 
