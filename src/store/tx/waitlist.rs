@@ -79,6 +79,30 @@ async fn entries(
     Ok(rows.into_iter().map(|r| r.into_entry(asset)).collect())
 }
 
+/// The entry of `buyer` of `client` in `asset`'s queue, with its position:
+/// read by its key, however long the queue.
+async fn entry_of(
+    conn: &mut Conn<'_>,
+    asset: &str,
+    client: &str,
+    buyer: &str,
+) -> StoreResult<Option<WaitlistEntry>> {
+    let read = Sql::new(
+        "SELECT w.client, w.buyer_id, w.joined_at, \
+                (SELECT count(*) FROM waitlist q \
+                  WHERE q.asset_id = w.asset_id AND q.seq <= w.seq) AS position \
+           FROM waitlist w WHERE w.asset_id = $1 AND w.client = $2 AND w.buyer_id = $3",
+    )
+    .with(Bind::Text(asset.to_owned()))
+    .with(Bind::Text(client.to_owned()))
+    .with(Bind::Text(buyer.to_owned()));
+    let rows = conn
+        .load_sql::<EntryRow>(&read)
+        .await
+        .context("read the buyer's place in the queue")?;
+    Ok(rows.into_iter().next().map(|r| r.into_entry(asset)))
+}
+
 /// The waiting list of an asset, as `client` sees it (a storefront its own
 /// entries, everyone else all); `None` when the asset does not exist.
 pub(crate) async fn list(
@@ -201,11 +225,8 @@ async fn keep_entry(
     store
         .write("join the waiting list", async move |conn| {
             let asset = req.asset_id.as_str();
-            let mine = entries(conn, asset, Some(&req.client)).await?;
-            if let Some(entry) = mine
-                .into_iter()
-                .find(|e| e.buyer_id == req.buyer_id.as_str())
-            {
+            let mine = entry_of(conn, asset, &req.client, req.buyer_id.as_str()).await?;
+            if let Some(entry) = mine {
                 keep(conn, &store_, &req.idempotency, &entry, false, now).await?;
                 return Ok(Ok(JoinOutcome::Already(entry)));
             }
