@@ -34,6 +34,9 @@ values = {
     15: "NULL",
     16: "NULL",
     17: "NULL",
+    18: "NULL",
+    19: "NULL",
+    20: "NULL",
 }
 
 def bind(sql, values):

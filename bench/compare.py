@@ -1,0 +1,214 @@
+"""The reading scenarios of two builds side by side, in one run: the
+service built from BASE (a git revision, in a worktree of its own) and the
+working tree's, each on a fresh PostgreSQL database seeded alike
+(BENCH_COMPARE_ASSETS assets, 300,000), both serving at once; `hot-held`,
+`hot-sold` and `replay` (bench/load.lua, wrk at 64 connections) alternate
+between the two for ROUNDS rounds. Measured per request, besides req/s: the
+CPU time of the server's process and of all PostgreSQL processes (from
+/proc, so nothing else should run meanwhile), and the database's
+transactions. Written to bench/RESULTS.md (section `compare`).
+
+    python3 bench/compare.py 3073177 [--rounds 4] [--seconds 6]
+    python3 bench/compare.py 3073177 --base-bin B --head-bin H   # built already
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import sections  # noqa: E402
+from service import serve  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PG = "postgres://postgres@127.0.0.1:5432"
+SCENARIOS = {"hot-held": ("hot", "HOT"), "hot-sold": ("hot", "SOLD"), "replay": ("replay", "REPLAY")}
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def psql(sql: str, db: str = "postgres") -> str:
+    return subprocess.run(["psql", "-X", "-q", "-At", "-h", "127.0.0.1", "-U", "postgres",
+                           "-d", db, "-c", sql], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def build(base: str) -> tuple[str, str]:
+    """Release binaries of BASE (built in a worktree, into a target directory
+    of its own) and of the working tree."""
+    worktree = os.path.join(ROOT, "target", "compare", base)
+    if not os.path.isdir(worktree):
+        subprocess.run(["git", "worktree", "add", "--detach", worktree, base], cwd=ROOT,
+                       check=True, capture_output=True)
+    base_target = os.path.join(ROOT, "target", "compare-build")
+    head_target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    for tree, target in ((worktree, base_target), (ROOT, head_target)):
+        print(f"building {tree} (release)", file=sys.stderr)
+        subprocess.run(["cargo", "build", "-q", "--release", "--bin", "holdfast"], cwd=tree,
+                       check=True, env=dict(os.environ, CARGO_TARGET_DIR=target))
+    return (os.path.join(base_target, "release", "holdfast"),
+            os.path.join(head_target, "release", "holdfast"))
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            pass
+    return total / TICKS
+
+
+def postgres_pids() -> list[int]:
+    pids = []
+    for path in glob.glob("/proc/[0-9]*/comm"):
+        try:
+            with open(path) as f:
+                if f.read().strip() == "postgres":
+                    pids.append(int(path.split("/")[2]))
+        except OSError:
+            pass
+    return pids
+
+
+def commits(db: str) -> int:
+    return int(psql(f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{db}'"))
+
+
+class Side:
+    def __init__(self, name: str, binary: str, port: int, work: str, assets: int):
+        self.name, self.port = name, port
+        self.db = f"holdfast_compare_{name}_{os.getpid()}"
+        psql(f"CREATE DATABASE {self.db}")
+        url = f"{PG}/{self.db}"
+        subprocess.run([binary, "migrate"], env=dict(os.environ, HOLDFAST_DATABASE_URL=url),
+                       check=True, capture_output=True)
+        psql("INSERT INTO assets (id, name, created_at, updated_at) "
+             f"SELECT 'W-' || n, 'lot', now(), now() FROM generate_series(1, {assets}) n", self.db)
+        self.proc = serve(binary, url, port, f"{work}/{name}.log", db_pool_size="64")
+        self.api("/v1/assets", None, '{"id":"HOT","name":"hot"}')
+        self.api("/v1/assets/HOT/reservations", "k-hot",
+                 '{"buyer_id":"winner","hold_seconds":3600}')
+        self.api("/v1/assets", None, '{"id":"SOLD","name":"sold"}')
+        held = self.api("/v1/assets/SOLD/reservations", "k-sold", '{"buyer_id":"buyer"}')
+        rid = re.search(r'"reservation_id":"([^"]+)"', held).group(1)
+        self.api(f"/v1/reservations/{rid}/commit", "k-sold-commit",
+                 '{"payment_reference":"pay-sold"}')
+        self.api("/v1/assets", None, '{"id":"REPLAY","name":"replay"}')
+        self.api("/v1/assets/REPLAY/reservations", "replay-key", '{"buyer_id":"replayer"}')
+        psql("VACUUM ANALYZE", self.db)
+
+    def api(self, path: str, key: str | None, body: str) -> str:
+        args = ["curl", "-sf", "-X", "POST", "-H", "Content-Type: application/json", "-d", body]
+        if key:
+            args += ["-H", f"Idempotency-Key: {key}"]
+        return subprocess.run(args + [f"http://127.0.0.1:{self.port}{path}"], check=True,
+                              capture_output=True, text=True).stdout
+
+    def measure(self, scenario: str, seconds: int) -> dict:
+        mode, asset = SCENARIOS[scenario]
+        pg = postgres_pids()
+        x0, p0, s0 = commits(self.db), cpu_seconds(pg), cpu_seconds([self.proc.pid])
+        out = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "-s",
+                              os.path.join(ROOT, "bench/load.lua"),
+                              f"http://127.0.0.1:{self.port}"], check=True, capture_output=True,
+                             text=True, env=dict(os.environ, BENCH_MODE=mode,
+                                                 BENCH_ASSET=asset)).stdout
+        p1, s1 = cpu_seconds(pg), cpu_seconds([self.proc.pid])
+        time.sleep(1.5)  # the statistics of the last transactions arrive
+        x1 = commits(self.db)
+        n = int(re.search(r"(\d+) requests in", out).group(1))
+        bad = sum(int(c) for s, c in re.findall(r"^STATUS (\d+) (\d+)$", out, re.M)
+                  if s not in ("409", "200"))
+        return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+                "pg_us": (p1 - p0) / n * 1e6, "server_us": (s1 - s0) / n * 1e6,
+                "xacts": (x1 - x0) / n, "bad": bad}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+        psql(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("base", help="the git revision to compare with")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=int, default=6)
+    parser.add_argument("--assets", type=int,
+                        default=int(os.environ.get("BENCH_COMPARE_ASSETS", 300000)))
+    parser.add_argument("--base-bin", help="BASE's release binary, already built")
+    parser.add_argument("--head-bin", help="the working tree's release binary, already built")
+    args = parser.parse_args()
+    started = time.time()
+    if args.base_bin and args.head_bin:
+        base_bin, head_bin = args.base_bin, args.head_bin
+    else:
+        base_bin, head_bin = build(args.base)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    head_name = head + (" with changes" if dirty else "")
+    with tempfile.TemporaryDirectory() as work:
+        sides = [Side("base", base_bin, 18411, work, args.assets)]
+        try:
+            sides.append(Side("head", head_bin, 18412, work, args.assets))
+            load = os.getloadavg()
+            results = {(s, side.name): [] for s in SCENARIOS for side in sides}
+            for r in range(args.rounds):
+                for scenario in SCENARIOS:
+                    for side in sides:
+                        m = side.measure(scenario, args.seconds)
+                        results[(scenario, side.name)].append(m)
+                        print(f"round {r + 1} {scenario:9} {side.name}: {m['rps']:.0f} req/s, "
+                              f"server {m['server_us']:.1f} µs, PostgreSQL {m['pg_us']:.1f} µs",
+                              file=sys.stderr)
+        finally:
+            for side in sides:
+                side.stop()
+    mean = lambda xs: statistics.mean(xs)  # noqa: E731
+    lines = [
+        f"## Side by side with {args.base} (`bench/compare.py`)",
+        "",
+        f"Run on {time.strftime('%Y-%m-%d')}: {os.cpu_count()} CPUs, {platform.platform()}; "
+        f"{args.base} and {head_name} served at once, each on a fresh PostgreSQL database of "
+        f"{args.assets:,} assets with a pool of 64; {args.rounds} rounds, each scenario "
+        f"{args.seconds} s on one then the other (wrk, 64 connections); load average "
+        f"{load[0]:.2f} at the start; took {time.time() - started:.0f} s. Means of the rounds; "
+        "CPU per request from /proc (the server's process; all PostgreSQL processes).",
+        "",
+        f"| scenario | {args.base} req/s | {head} req/s | ratio (rounds) | server µs/req | "
+        "PostgreSQL µs/req | transactions/req | unexpected answers |",
+        "|---|---:|---:|---|---|---|---|---:|",
+    ]
+    for scenario in SCENARIOS:
+        b, h = results[(scenario, "base")], results[(scenario, "head")]
+        ratios = " / ".join(f"{x['rps'] / y['rps']:.2f}" for x, y in zip(h, b))
+        lines.append(
+            f"| {scenario} | {mean([x['rps'] for x in b]):.0f} | {mean([x['rps'] for x in h]):.0f} "
+            f"| {mean([x['rps'] for x in h]) / mean([x['rps'] for x in b]):.2f} ({ratios}) "
+            f"| {mean([x['server_us'] for x in b]):.1f} → {mean([x['server_us'] for x in h]):.1f} "
+            f"| {mean([x['pg_us'] for x in b]):.1f} → {mean([x['pg_us'] for x in h]):.1f} "
+            f"| {mean([x['xacts'] for x in b]):.3f} → {mean([x['xacts'] for x in h]):.3f} "
+            f"| {sum(x['bad'] for x in b + h)} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    sections.replace(os.path.join(ROOT, "bench/RESULTS.md"), "compare", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
