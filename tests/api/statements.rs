@@ -310,6 +310,37 @@ async fn every_statement_is_in_the_scale_out_catalogue() {
         Some(other),
     )
     .await;
+    // Holds that arrive together are read together, by the batch
+    // statement: bursts until one was.
+    for _ in 0..20 {
+        t.recorder.take();
+        let burst = (0..32).map(|i| {
+            t.app
+                .client
+                .post(t.app.url("/v1/assets/S-1/reservations"))
+                .bearer_auth(&shop)
+                .header("Idempotency-Key", idempotency_key())
+                .json(&json!({"buyer_id": format!("crowd-{i}")}))
+                .send()
+        });
+        for answer in futures_util::future::join_all(burst).await {
+            assert_eq!(answer.unwrap().status(), 409);
+        }
+        let mut batched = false;
+        for statement in t.recorder.take() {
+            let statement = normalise(&statement);
+            batched |= statement.contains("unnest(");
+            if !bookkeeping(&statement) {
+                t.sent
+                    .entry(statement)
+                    .or_default()
+                    .insert("hold_asset".into());
+            }
+        }
+        if batched {
+            break;
+        }
+    }
     // A buyer queues for the held asset, reads the queue, leaves it; an
     // admin offers an available asset to a named buyer.
     let queue = json!({"buyer_id": "b-3"});

@@ -502,6 +502,22 @@ SELECT now() AS now, s.status, s.hold_expires_at, s.available_from, s.current_re
   LEFT JOIN idempotency_keys i ON i.client = r.client AND i.key = r.key
  ORDER BY r.ord";
 
+/// A hold's first read on PostgreSQL for one request (or for retries of one
+/// key): the same row as [`HOLD_SNAPSHOT_SQL`]'s. Its parameters are plain
+/// values, so that no plan made for one execution looks cheaper than the
+/// statement's general plan: PostgreSQL plans it once per session, where
+/// the arrays of the batch statement are planned again for their lengths at
+/// every execution, which costs more than the reading when there is one
+/// request to read for (a replay's retries, a hold that came alone).
+pub const HOLD_SNAPSHOT_ONE_SQL: &str = "\
+SELECT now() AS now, a.status, a.hold_expires_at, a.available_from, a.current_reservation_id,
+       a.price_amount, a.price_currency, a.waitlist_length, h.client AS holder_client,
+       h.buyer_id AS holder_buyer, i.fingerprint, i.status_code, i.body, i.location
+  FROM (SELECT 1) AS one
+  LEFT JOIN assets a ON a.id = $1
+  LEFT JOIN reservations h ON h.id = a.current_reservation_id AND a.status = 'HELD'
+  LEFT JOIN idempotency_keys i ON i.client = $2 AND i.key = $3";
+
 /// Reads the snapshots of a batch of holds in one statement.
 pub(crate) async fn read_snapshots(
     db: Sessions,
@@ -519,22 +535,39 @@ pub(crate) async fn read_snapshots(
             })
         })
         .collect();
-    let assets: Vec<&str> = unique.iter().map(|(a, _, _)| a.as_str()).collect();
-    let clients: Vec<&str> = unique.iter().map(|(_, c, _)| c.as_str()).collect();
-    let keys: Vec<&str> = unique.iter().map(|(_, _, k)| k.as_str()).collect();
-    let rows = db
-        .run(async |c| {
-            let read = Prepared(
-                sql_query(HOLD_SNAPSHOT_SQL)
-                    .bind::<Array<Text>, _>(assets)
-                    .bind::<Array<Text>, _>(clients)
-                    .bind::<Array<Text>, _>(keys),
-            );
-            diesel_async::RunQueryDsl::load::<HoldSnapshotRow>(read, c)
-                .await
-                .context("read the asset to hold")
-        })
-        .await?;
+    let rows = match unique.as_slice() {
+        [(asset, client, key)] => {
+            db.run(async |c| {
+                let read = Prepared(
+                    sql_query(HOLD_SNAPSHOT_ONE_SQL)
+                        .bind::<Text, _>(asset)
+                        .bind::<Text, _>(client)
+                        .bind::<Text, _>(key),
+                );
+                diesel_async::RunQueryDsl::load::<HoldSnapshotRow>(read, c)
+                    .await
+                    .context("read the asset to hold")
+            })
+            .await?
+        }
+        _ => {
+            let assets: Vec<&str> = unique.iter().map(|(a, _, _)| a.as_str()).collect();
+            let clients: Vec<&str> = unique.iter().map(|(_, c, _)| c.as_str()).collect();
+            let keys: Vec<&str> = unique.iter().map(|(_, _, k)| k.as_str()).collect();
+            db.run(async |c| {
+                let read = Prepared(
+                    sql_query(HOLD_SNAPSHOT_SQL)
+                        .bind::<Array<Text>, _>(assets)
+                        .bind::<Array<Text>, _>(clients)
+                        .bind::<Array<Text>, _>(keys),
+                );
+                diesel_async::RunQueryDsl::load::<HoldSnapshotRow>(read, c)
+                    .await
+                    .context("read the asset to hold")
+            })
+            .await?
+        }
+    };
     if rows.len() != unique.len() {
         return Err(StoreError::Corrupt(format!(
             "{} snapshot rows for {} requests",
