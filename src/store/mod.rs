@@ -50,7 +50,7 @@ pub use db::Store;
 pub use error::{StoreError, StoreResult};
 pub use outcome::WriteOutcome;
 /// The hold's statements on PostgreSQL, for the benchmark's pgbench scripts.
-pub use tx::hold::{HOLD_SNAPSHOT_SQL, HOLD_SQL};
+pub use tx::hold::{HOLD_SNAPSHOT_ONE_SQL, HOLD_SNAPSHOT_SQL, HOLD_SQL};
 pub use tx::import::{ImportReport, Importer};
 
 pub use tx::waitlist::LeaveOutcome;
