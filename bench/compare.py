@@ -1,14 +1,17 @@
-"""The reading scenarios of two builds side by side, in one run: the
-service built from BASE (a git revision, in a worktree of its own) and the
-working tree's, each on a fresh PostgreSQL database seeded alike
-(BENCH_COMPARE_ASSETS assets, 300,000), both serving at once; `hot-held`,
-`hot-sold` and `replay` (bench/load.lua, wrk at 64 connections) alternate
-between the two for ROUNDS rounds. Measured per request, besides req/s: the
-CPU time of the server's process and of all PostgreSQL processes (from
-/proc, so nothing else should run meanwhile), and the database's
-transactions. Written to bench/RESULTS.md (section `compare`).
+"""The scenarios of bench/run.sh for two builds side by side, in one run:
+the service built from BASE (a git revision, in a worktree of its own) and
+the working tree's, each on a fresh PostgreSQL database seeded alike
+(BENCH_COMPARE_ASSETS assets, 300,000, besides each round's own assets for
+the writes), both serving at once; `hot-held`, `hot-sold` and `replay`, and
+with --writes `spread-hold` and `hold-commit` after a CHECKPOINT
+(bench/load.lua, wrk at 64 connections), alternate between the two for
+ROUNDS rounds.
+Measured per request, besides the rate: the CPU time of the server's process
+and of all PostgreSQL processes (from /proc, so nothing else should run
+meanwhile), and the database's transactions. Written to bench/RESULTS.md
+(section `compare`).
 
-    python3 bench/compare.py 3073177 [--rounds 4] [--seconds 6]
+    python3 bench/compare.py 3073177 [--rounds 4] [--seconds 6] [--writes]
     python3 bench/compare.py 3073177 --base-bin B --head-bin H   # built already
 """
 
@@ -31,7 +34,14 @@ from service import serve  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
-SCENARIOS = {"hot-held": ("hot", "HOT"), "hot-sold": ("hot", "SOLD"), "replay": ("replay", "REPLAY")}
+SCENARIOS = {"hot-held": ("hot", "HOT"), "hot-sold": ("hot", "SOLD"), "replay": ("replay", "REPLAY"),
+             "spread-hold": ("spread", None), "hold-commit": ("hold-commit", None)}
+# What each scenario counts as done, and every answer it may give.
+COUNTED = {"spread-hold": "201", "hold-commit": "200"}
+EXPECTED = {"hot-held": {"409"}, "hot-sold": {"409"}, "replay": {"200"},
+            "spread-hold": {"201"}, "hold-commit": {"201", "200"}}
+# Assets each wrk thread may write in one run of a writing scenario.
+PER_THREAD_SECOND = 5000
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -87,7 +97,8 @@ def commits(db: str) -> int:
 
 
 class Side:
-    def __init__(self, name: str, binary: str, port: int, work: str, assets: int):
+    def __init__(self, name: str, binary: str, port: int, work: str, assets: int,
+                 rounds: int, seconds: int):
         self.name, self.port = name, port
         self.db = f"holdfast_compare_{name}_{os.getpid()}"
         psql(f"CREATE DATABASE {self.db}")
@@ -96,7 +107,15 @@ class Side:
                        check=True, capture_output=True)
         psql("INSERT INTO assets (id, name, created_at, updated_at) "
              f"SELECT 'W-' || n, 'lot', now(), now() FROM generate_series(1, {assets}) n", self.db)
-        self.proc = serve(binary, url, port, f"{work}/{name}.log", db_pool_size="64")
+        # Each round's writes on assets of their own: R<round>-<thread>-<n>
+        # (spread-hold) and HR<round>-<thread>-<n> (hold-commit).
+        per_thread = seconds * PER_THREAD_SECOND
+        for r in range(rounds):
+            for prefix in (f"R{r}", f"HR{r}"):
+                psql("INSERT INTO assets (id, name, created_at, updated_at) "
+                     f"SELECT '{prefix}-' || t || '-' || n, 'lot', now(), now() "
+                     f"FROM generate_series(0, 1) t, generate_series(1, {per_thread}) n", self.db)
+        self.proc = serve(binary, url, port, f"{work}/{name}.log", db_pool_size="32")
         self.api("/v1/assets", None, '{"id":"HOT","name":"hot"}')
         self.api("/v1/assets/HOT/reservations", "k-hot",
                  '{"buyer_id":"winner","hold_seconds":3600}')
@@ -116,22 +135,29 @@ class Side:
         return subprocess.run(args + [f"http://127.0.0.1:{self.port}{path}"], check=True,
                               capture_output=True, text=True).stdout
 
-    def measure(self, scenario: str, seconds: int) -> dict:
+    def measure(self, scenario: str, seconds: int, round_: int) -> dict:
         mode, asset = SCENARIOS[scenario]
+        env = dict(os.environ, BENCH_MODE=mode, BENCH_PREFIX=f"R{round_}")
+        if asset:
+            env["BENCH_ASSET"] = asset
+        else:
+            psql("CHECKPOINT")
         pg = postgres_pids()
         x0, p0, s0 = commits(self.db), cpu_seconds(pg), cpu_seconds([self.proc.pid])
         out = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "-s",
                               os.path.join(ROOT, "bench/load.lua"),
                               f"http://127.0.0.1:{self.port}"], check=True, capture_output=True,
-                             text=True, env=dict(os.environ, BENCH_MODE=mode,
-                                                 BENCH_ASSET=asset)).stdout
+                             text=True, env=env).stdout
         p1, s1 = cpu_seconds(pg), cpu_seconds([self.proc.pid])
         time.sleep(1.5)  # the statistics of the last transactions arrive
         x1 = commits(self.db)
         n = int(re.search(r"(\d+) requests in", out).group(1))
-        bad = sum(int(c) for s, c in re.findall(r"^STATUS (\d+) (\d+)$", out, re.M)
-                  if s not in ("409", "200"))
-        return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        took = float(re.search(r"seconds=([\d.]+)", out).group(1))
+        statuses = dict(re.findall(r" (\d+)=(\d+)", re.search(r"^STATUSES.*$", out,
+                                                               re.M).group(0)))
+        bad = sum(int(c) for s, c in statuses.items() if s not in EXPECTED[scenario])
+        done = int(statuses.get(COUNTED[scenario], 0)) if scenario in COUNTED else n
+        return {"rps": done / took,
                 "pg_us": (p1 - p0) / n * 1e6, "server_us": (s1 - s0) / n * 1e6,
                 "xacts": (x1 - x0) / n, "bad": bad}
 
@@ -149,10 +175,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=6)
     parser.add_argument("--assets", type=int,
                         default=int(os.environ.get("BENCH_COMPARE_ASSETS", 300000)))
+    parser.add_argument("--writes", action="store_true",
+                        help="also spread-hold and hold-commit (each round on assets of its own)")
     parser.add_argument("--base-bin", help="BASE's release binary, already built")
     parser.add_argument("--head-bin", help="the working tree's release binary, already built")
     args = parser.parse_args()
     started = time.time()
+    scenarios = [s for s in SCENARIOS if args.writes or s not in COUNTED]
     if args.base_bin and args.head_bin:
         base_bin, head_bin = args.base_bin, args.head_bin
     else:
@@ -163,15 +192,17 @@ def main() -> int:
                            capture_output=True, text=True).stdout.strip()
     head_name = head + (" with changes" if dirty else "")
     with tempfile.TemporaryDirectory() as work:
-        sides = [Side("base", base_bin, 18411, work, args.assets)]
+        writing = args.rounds if args.writes else 0
+        sides = [Side("base", base_bin, 18411, work, args.assets, writing, args.seconds)]
         try:
-            sides.append(Side("head", head_bin, 18412, work, args.assets))
+            sides.append(Side("head", head_bin, 18412, work, args.assets, writing,
+                              args.seconds))
             load = os.getloadavg()
-            results = {(s, side.name): [] for s in SCENARIOS for side in sides}
+            results = {(s, side.name): [] for s in scenarios for side in sides}
             for r in range(args.rounds):
-                for scenario in SCENARIOS:
+                for scenario in scenarios:
                     for side in sides:
-                        m = side.measure(scenario, args.seconds)
+                        m = side.measure(scenario, args.seconds, r)
                         results[(scenario, side.name)].append(m)
                         print(f"round {r + 1} {scenario:9} {side.name}: {m['rps']:.0f} req/s, "
                               f"server {m['server_us']:.1f} µs, PostgreSQL {m['pg_us']:.1f} µs",
@@ -185,16 +216,18 @@ def main() -> int:
         "",
         f"Run on {time.strftime('%Y-%m-%d')}: {os.cpu_count()} CPUs, {platform.platform()}; "
         f"{args.base} and {head_name} served at once, each on a fresh PostgreSQL database of "
-        f"{args.assets:,} assets with a pool of 64; {args.rounds} rounds, each scenario "
+        f"{args.assets:,} assets with a pool of 32 (both at once within the server's default of 100 connections); {args.rounds} rounds, each scenario "
         f"{args.seconds} s on one then the other (wrk, 64 connections); load average "
         f"{load[0]:.2f} at the start; took {time.time() - started:.0f} s. Means of the rounds; "
         "CPU per request from /proc (the server's process; all PostgreSQL processes).",
         "",
-        f"| scenario | {args.base} req/s | {head} req/s | ratio (rounds) | server µs/req | "
+        *(["Rates: requests per second, but holds (201) per second for `spread-hold` and "
+           "sales (200) per second for `hold-commit`.", ""] if args.writes else []),
+        f"| scenario | {args.base} per second | {head} per second | ratio (rounds) | server µs/req | "
         "PostgreSQL µs/req | transactions/req | unexpected answers |",
         "|---|---:|---:|---|---|---|---|---:|",
     ]
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         b, h = results[(scenario, "base")], results[(scenario, "head")]
         ratios = " / ".join(f"{x['rps'] / y['rps']:.2f}" for x, y in zip(h, b))
         lines.append(
