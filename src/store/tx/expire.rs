@@ -56,11 +56,13 @@ UPDATE reservations SET status = 'EXPIRED' FROM a
 RETURNING reservations.*, a.last_event_sequence AS event_sequence,
           a.waitlist_length AS waiters";
 
-/// One asset's lapsed hold ($2), waiting for a transaction that holds it.
+/// One asset's lapsed hold ($2), waiting for a transaction that holds it;
+/// the asset by its id alone, not by the partial index of HELD assets (see
+/// `END_HOLD_SQL`).
 static PG_ONE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH lapsed AS (SELECT id, current_reservation_id FROM assets \
-           WHERE id = $2 AND status = 'HELD' AND hold_expires_at <= $1 FOR UPDATE){PG_EXPIRE}"
+           WHERE id = $2 AND status || '' = 'HELD' AND hold_expires_at <= $1 FOR UPDATE){PG_EXPIRE}"
     )
 });
 
@@ -145,7 +147,7 @@ async fn expire_on_sqlite(
         Lapsed::Of(asset) => {
             let find = sql_query(
                 "SELECT id, current_reservation_id, waitlist_length FROM assets \
-                 WHERE id = $1 AND status = 'HELD' AND hold_expires_at <= $2",
+                 WHERE id = $1 AND status || '' = 'HELD' AND hold_expires_at <= $2",
             )
             .bind::<Text, _>(asset.to_owned())
             .bind::<Instant, _>(now);
