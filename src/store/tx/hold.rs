@@ -535,39 +535,31 @@ pub(crate) async fn read_snapshots(
             })
         })
         .collect();
-    let rows = match unique.as_slice() {
-        [(asset, client, key)] => {
-            db.run(async |c| {
-                let read = Prepared(
-                    sql_query(HOLD_SNAPSHOT_ONE_SQL)
-                        .bind::<Text, _>(asset)
-                        .bind::<Text, _>(client)
-                        .bind::<Text, _>(key),
-                );
-                diesel_async::RunQueryDsl::load::<HoldSnapshotRow>(read, c)
-                    .await
-                    .context("read the asset to hold")
-            })
-            .await?
-        }
+    // One request has a statement of its own (see HOLD_SNAPSHOT_ONE_SQL).
+    let read = match unique.as_slice() {
+        [(asset, client, key)] => sql_query(HOLD_SNAPSHOT_ONE_SQL)
+            .into_boxed::<diesel::pg::Pg>()
+            .bind::<Text, _>(asset.as_str())
+            .bind::<Text, _>(client.as_str())
+            .bind::<Text, _>(key.as_str()),
         _ => {
             let assets: Vec<&str> = unique.iter().map(|(a, _, _)| a.as_str()).collect();
             let clients: Vec<&str> = unique.iter().map(|(_, c, _)| c.as_str()).collect();
             let keys: Vec<&str> = unique.iter().map(|(_, _, k)| k.as_str()).collect();
-            db.run(async |c| {
-                let read = Prepared(
-                    sql_query(HOLD_SNAPSHOT_SQL)
-                        .bind::<Array<Text>, _>(assets)
-                        .bind::<Array<Text>, _>(clients)
-                        .bind::<Array<Text>, _>(keys),
-                );
-                diesel_async::RunQueryDsl::load::<HoldSnapshotRow>(read, c)
-                    .await
-                    .context("read the asset to hold")
-            })
-            .await?
+            sql_query(HOLD_SNAPSHOT_SQL)
+                .into_boxed::<diesel::pg::Pg>()
+                .bind::<Array<Text>, _>(assets)
+                .bind::<Array<Text>, _>(clients)
+                .bind::<Array<Text>, _>(keys)
         }
     };
+    let rows = db
+        .run(async |c| {
+            diesel_async::RunQueryDsl::load::<HoldSnapshotRow>(Prepared(read), c)
+                .await
+                .context("read the asset to hold")
+        })
+        .await?;
     if rows.len() != unique.len() {
         return Err(StoreError::Corrupt(format!(
             "{} snapshot rows for {} requests",
