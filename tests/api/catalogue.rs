@@ -12,6 +12,10 @@ async fn create(app: &TestApp, body: Value) -> (u16, Value) {
     app.send(Method::POST, "/v1/assets", None, Some(body)).await
 }
 
+async fn patch(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
+    app.send(Method::PATCH, path, None, Some(body)).await
+}
+
 /// The ids of a page of assets.
 async fn ids(app: &TestApp, query: &str) -> Vec<String> {
     let page = app.get_json(&format!("/v1/assets?{query}")).await;
@@ -105,17 +109,9 @@ async fn a_patch_changes_the_catalogue_but_not_the_hold(app: TestApp) {
     let held = app.hold("PT-1", "buyer-1", 300).await;
     assert_eq!(held["price"], json!({"amount": 100, "currency": "EUR"}));
     let before = app.get_json("/v1/assets/PT-1").await;
-    let (status, after) = app
-        .send(
-            Method::PATCH,
-            "/v1/assets/PT-1",
-            None,
-            Some(
-                json!({"name": "renamed", "price": {"amount": 150, "currency": "EUR"},
-                    "attributes": {"digits": null, "vanity": true}}),
-            ),
-        )
-        .await;
+    let body = json!({"name": "renamed", "price": {"amount": 150, "currency": "EUR"},
+                      "attributes": {"digits": null, "vanity": true}});
+    let (status, after) = patch(&app, "/v1/assets/PT-1", body).await;
     assert_eq!(status, 200, "{after}");
     assert_eq!(after["name"], "renamed");
     assert_eq!(after["price"]["amount"], 150);
@@ -136,28 +132,14 @@ async fn a_patch_changes_the_catalogue_but_not_the_hold(app: TestApp) {
     assert_eq!(last["type"], "asset.updated");
     assert_eq!(last["data"]["attributes"]["vanity"], true);
     // price: null removes the price; the filters follow the attributes.
-    let (_, unpriced) = app
-        .send(
-            Method::PATCH,
-            "/v1/assets/PT-1",
-            None,
-            Some(json!({"price": null})),
-        )
-        .await;
+    let (_, unpriced) = patch(&app, "/v1/assets/PT-1", json!({"price": null})).await;
     assert_eq!(unpriced["price"], Value::Null);
     assert!(ids(&app, "attribute=digits:4").await.is_empty());
     assert_eq!(ids(&app, "attribute=vanity:true").await, ["PT-1"]);
     // More than 32 attributes after the merge: 422, nothing changed.
     let many: serde_json::Map<String, Value> =
         (0..31).map(|i| (format!("k{i}"), json!(i))).collect();
-    let (status, _) = app
-        .send(
-            Method::PATCH,
-            "/v1/assets/PT-1",
-            None,
-            Some(json!({"attributes": many})),
-        )
-        .await;
+    let (status, _) = patch(&app, "/v1/assets/PT-1", json!({"attributes": many})).await;
     assert_eq!(status, 422);
     assert_eq!(
         app.get_json("/v1/assets/PT-1").await["attributes"],
