@@ -123,15 +123,23 @@ pub(crate) async fn expire_lapsed(
         }
         Conn::Lite(_) => expire_on_sqlite(conn, which, now).await?,
     };
+    let mut events = Vec::with_capacity(expired.len());
+    let mut waited_for = Vec::new();
     for row in &expired {
         let reservation = row.reservation.clone().into_reservation()?;
         let data = serde_json::to_string(&reservation).unwrap_or_default();
         let mut event = super::about(&reservation, EventType::ReservationExpired, data, now);
         event.sequence = row.event_sequence;
-        conn.insert_event(&event).await?;
+        event.client = Some(reservation.client.clone());
+        events.push(event);
         if row.waiters > 0 {
-            hand_off(conn, &reservation.asset_id, now, policy).await?;
+            waited_for.push(reservation.asset_id);
         }
+    }
+    // The expiries' events first: a hand-off numbers its own after them.
+    conn.insert_events(&events).await?;
+    for asset in &waited_for {
+        hand_off(conn, asset, now, policy).await?;
     }
     Ok(expired.len())
 }
