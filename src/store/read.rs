@@ -118,16 +118,32 @@ const FEW_PRICED: i64 = 1000;
 
 /// The statement of one page of assets (see [`assets_page`]); with
 /// `price_as_check`, SQLite may not read the price index (`+column`).
-/// Effective AVAILABLE is two statuses: the AVAILABLE assets and the lapsed
-/// holds nobody waits for, each read in id order from the index of its
-/// status and the page the first of both, so that a page reads about as
-/// many rows as it answers however many assets of other statuses come first.
+///
+/// On PostgreSQL no index of `assets` covers a hold's columns (so that a
+/// hold updates the asset in place): a status's page walks its `shelf` in
+/// id order (AVAILABLE and HELD assets share ON_SALE, where the HELD ones
+/// are few), and the HELD page reads the assets of the HELD reservations.
+/// On SQLite, effective AVAILABLE is two statuses: the AVAILABLE assets and
+/// the lapsed holds nobody waits for, each read in id order from the index
+/// of its status and the page the first of both. Either way a page reads
+/// about as many rows as it answers however many assets of other statuses
+/// come first.
 fn assets_query(page: &AssetPage, now: Timestamp, postgres: bool, price_as_check: bool) -> Sql {
     let mut list = Sql::new("");
     let page_of = |list: &mut Sql, status: &dyn Fn(&mut Sql)| {
         one_status(list, page, postgres, price_as_check, status);
     };
+    let lapsed = |l: &mut Sql| {
+        l.push("a.status = 'HELD' AND a.hold_expires_at <= ")
+            .bind(Bind::At(now))
+            .push(" AND a.waitlist_length = 0");
+    };
     match page.status {
+        Some(AssetStatus::Available) if postgres => page_of(&mut list, &|l| {
+            l.push(" AND a.shelf = 'ON_SALE' AND (a.status = 'AVAILABLE' OR ");
+            lapsed(l);
+            l.push(")");
+        }),
         Some(AssetStatus::Available) => {
             list.push("SELECT * FROM (SELECT * FROM (");
             page_of(&mut list, &|l| {
@@ -135,25 +151,26 @@ fn assets_query(page: &AssetPage, now: Timestamp, postgres: bool, price_as_check
             });
             list.push(") available UNION ALL SELECT * FROM (");
             page_of(&mut list, &|l| {
-                l.push(" AND a.status = 'HELD' AND a.hold_expires_at <= ")
-                    .bind(Bind::At(now))
-                    .push(" AND a.waitlist_length = 0");
+                l.push(" AND ");
+                lapsed(l);
             });
-            let id = if postgres {
-                "page.id COLLATE \"C\""
-            } else {
-                "page.id"
-            };
-            list.push(&format!(") lapsed) page ORDER BY {id} LIMIT "))
+            list.push(") lapsed) page ORDER BY page.id LIMIT ")
                 .bind(Bind::BigInt(page.limit));
         }
         Some(AssetStatus::Held) => page_of(&mut list, &|l| {
+            if postgres {
+                l.push(
+                    " AND a.id IN (SELECT h.asset_id FROM reservations h \
+                     WHERE h.status = 'HELD')",
+                );
+            }
             l.push(" AND a.status = 'HELD' AND (a.hold_expires_at > ")
                 .bind(Bind::At(now))
                 .push(" OR a.waitlist_length > 0)");
         }),
         Some(other) => page_of(&mut list, &|l| {
-            l.push(" AND a.status = ")
+            let column = if postgres { "a.shelf" } else { "a.status" };
+            l.push(&format!(" AND {column} = "))
                 .bind(Bind::Text(other.as_str().to_owned()));
         }),
         None => page_of(&mut list, &|_| {}),
@@ -257,15 +274,18 @@ pub(crate) async fn asset_counts(store: &Store) -> StoreResult<Vec<(AssetStatus,
 
 /// The counts kept of all, SOLD and WITHDRAWN assets with the changes not
 /// folded in yet, and the HELD ones by effective status ($1: now) read
-/// from the index of held assets: one statement, so one snapshot.
+/// through their HELD reservations (each HELD asset has one, of the same
+/// expiry; a lapsed one still counts while buyers wait for its asset): one
+/// statement, so one snapshot.
 const COUNTS: &str = "\
 SELECT m.status, CAST(sum(m.n) AS BIGINT) AS n
   FROM (SELECT status, n FROM asset_counts
         UNION ALL SELECT status, delta FROM asset_count_changes) m
  GROUP BY m.status
 UNION ALL
-SELECT 'HELD', count(*) FROM assets
- WHERE status = 'HELD' AND (hold_expires_at > $1 OR waitlist_length > 0)";
+SELECT 'HELD', count(*) FROM reservations r
+ WHERE r.status = 'HELD' AND (r.expires_at > $1
+       OR EXISTS (SELECT 1 FROM assets a WHERE a.id = r.asset_id AND a.waitlist_length > 0))";
 
 /// Up to `limit` of an asset's events after sequence `after`, oldest
 /// first; `None` when the asset does not exist.

@@ -5,9 +5,10 @@
 //! asset (a late sale, a refund, a withdrawal) first expires that asset's
 //! lapsed hold, so that its timeline reads held → expired → what followed.
 //! Each lapsed hold's reservation is reached by the asset's
-//! `current_reservation_id`, by primary key, and the batch by the index of
-//! held assets by expiry: no plan can make either a join over the asset's
-//! reservations, whatever the statistics say.
+//! `current_reservation_id`, by primary key, and on PostgreSQL the batch by
+//! the index of HELD reservations by expiry, each asset then by its primary
+//! key: no plan can make either a join over the asset's reservations,
+//! whatever the statistics say.
 
 use std::sync::LazyLock;
 
@@ -30,9 +31,9 @@ pub(crate) enum Lapsed<'a> {
     /// This asset's, waiting for a transaction that is expiring it right
     /// now (a janitor): what the caller does next then reads after it.
     Of(&'a str),
-    /// Up to this many of any assets, oldest expiry first, skipping those
-    /// another transaction holds (on PostgreSQL), so that janitors of
-    /// several instances share the work.
+    /// Up to this many of any assets (on SQLite oldest expiry first),
+    /// skipping those another transaction holds (on PostgreSQL), so that
+    /// janitors of several instances share the work.
     Any(i64),
 }
 
@@ -66,12 +67,18 @@ static PG_ONE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Up to $2 lapsed holds of any assets, oldest first, skipping those
-/// another transaction holds.
+/// Up to $2 lapsed holds of any assets: found among the HELD reservations
+/// (no index of `assets` covers a hold's columns, so that holds update the
+/// asset in place; HELD reservations are few, and partially indexed), each
+/// asset then by its primary key (`= ANY` of an array: a plan cannot turn
+/// the lookups into a scan of all assets), skipping those another
+/// transaction holds.
 static PG_ANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH lapsed AS (SELECT id, current_reservation_id FROM assets \
-           WHERE status = 'HELD' AND hold_expires_at <= $1 ORDER BY hold_expires_at LIMIT $2 \
+           WHERE id = ANY (ARRAY(SELECT asset_id FROM reservations WHERE status = 'HELD' \
+                                   AND expires_at <= $1 LIMIT $2)) \
+             AND status || '' = 'HELD' AND hold_expires_at <= $1 \
            FOR UPDATE SKIP LOCKED){PG_EXPIRE}"
     )
 });
