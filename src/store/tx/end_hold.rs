@@ -100,13 +100,12 @@ struct End {
 /// took, and the answer kept under the key. It records the first read's
 /// clock ($5).
 ///
-/// The asset is reached by its id alone: its status is compared as an
-/// expression (`|| ''`), so that the partial index of HELD assets cannot
-/// serve the statement. With statistics taken while few assets were HELD,
-/// the planner chose that index (estimated one row) and every commit read
-/// the entry of every live hold: after a flash sale's 24,000 holds, commits
-/// ran seven times slower. The same goes for every statement below that
-/// names one asset by id.
+/// The asset is reached by its primary key: no index of `assets` covers
+/// its status or expiry (migration `hot_holds`). A partial index of HELD
+/// assets did once; with statistics taken while few assets were HELD, the
+/// planner chose it (estimated one row) and every commit read the entry of
+/// every live hold: after a flash sale's 24,000 holds, commits ran seven
+/// times slower.
 const END_HOLD_SQL: &str = "\
 WITH a AS (
     UPDATE assets
@@ -114,7 +113,7 @@ WITH a AS (
            current_reservation_id = CASE WHEN $3::text IS NULL THEN NULL ELSE $1 END,
            hold_expires_at = NULL, version = version + 1,
            last_event_sequence = last_event_sequence + 1, updated_at = $5
-     WHERE id = $2 AND status || '' = 'HELD' AND current_reservation_id = $1
+     WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1
        AND hold_expires_at > now()
        AND waitlist_length = 0
  RETURNING id, last_event_sequence
@@ -200,7 +199,7 @@ impl End {
             "UPDATE assets SET status = $1, current_reservation_id = $2, hold_expires_at = NULL, \
                  version = version + 1, last_event_sequence = last_event_sequence + 1, \
                  updated_at = $3 \
-             WHERE id = $4 AND status || '' = 'HELD' AND current_reservation_id = $5 \
+             WHERE id = $4 AND status = 'HELD' AND current_reservation_id = $5 \
                AND hold_expires_at > $6 \
              RETURNING last_event_sequence, waitlist_length",
         )

@@ -57,13 +57,11 @@ UPDATE reservations SET status = 'EXPIRED' FROM a
 RETURNING reservations.*, a.last_event_sequence AS event_sequence,
           a.waitlist_length AS waiters";
 
-/// One asset's lapsed hold ($2), waiting for a transaction that holds it;
-/// the asset by its id alone, not by the partial index of HELD assets (see
-/// `END_HOLD_SQL`).
+/// One asset's lapsed hold ($2), waiting for a transaction that holds it.
 static PG_ONE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH lapsed AS (SELECT id, current_reservation_id FROM assets \
-           WHERE id = $2 AND status || '' = 'HELD' AND hold_expires_at <= $1 FOR UPDATE){PG_EXPIRE}"
+           WHERE id = $2 AND status = 'HELD' AND hold_expires_at <= $1 FOR UPDATE){PG_EXPIRE}"
     )
 });
 
@@ -78,7 +76,7 @@ static PG_ANY: LazyLock<String> = LazyLock::new(|| {
         "WITH lapsed AS (SELECT id, current_reservation_id FROM assets \
            WHERE id = ANY (ARRAY(SELECT asset_id FROM reservations WHERE status = 'HELD' \
                                    AND expires_at <= $1 LIMIT $2)) \
-             AND status || '' = 'HELD' AND hold_expires_at <= $1 \
+             AND status = 'HELD' AND hold_expires_at <= $1 \
            FOR UPDATE SKIP LOCKED){PG_EXPIRE}"
     )
 });
@@ -162,7 +160,7 @@ async fn expire_on_sqlite(
         Lapsed::Of(asset) => {
             let find = sql_query(
                 "SELECT id, current_reservation_id, waitlist_length FROM assets \
-                 WHERE id = $1 AND status || '' = 'HELD' AND hold_expires_at <= $2",
+                 WHERE id = $1 AND status = 'HELD' AND hold_expires_at <= $2",
             )
             .bind::<Text, _>(asset.to_owned())
             .bind::<Instant, _>(now);

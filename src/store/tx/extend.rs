@@ -71,12 +71,10 @@ async fn move_expiry(
     store
         .write("extend the hold", async move |conn| {
             let at = conn.now().await?;
-            // By id alone, not by the partial index of HELD assets: see
-            // `END_HOLD_SQL`.
             let asset = sql_query(
                 "UPDATE assets SET hold_expires_at = $1, version = version + 1, \
                      last_event_sequence = last_event_sequence + 1, updated_at = $2 \
-                 WHERE id = $3 AND status || '' = 'HELD' AND current_reservation_id = $4 \
+                 WHERE id = $3 AND status = 'HELD' AND current_reservation_id = $4 \
                    AND hold_expires_at > $2 \
                  RETURNING last_event_sequence",
             )
