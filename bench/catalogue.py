@@ -3,7 +3,8 @@ generated plates (bench/plates.py: 2,000,000 on PostgreSQL, 200,000 on
 SQLite), timed, then again (nothing to do); and the first page of each
 filter of `GET /v1/assets` on that catalogue against the same on 10,000
 plates, p50 and p99 side by side (wrk, 8 connections, the two catalogues
-alternating), with each query's plan. Written to bench/RESULTS.md (section
+alternating for four rounds, the median of the rounds), with each query's
+plan. Written to bench/RESULTS.md (section
 `catalogue`).
 
     python3 bench/catalogue.py [--backend postgres|sqlite|both] [--seconds 8]
@@ -17,6 +18,7 @@ import os
 import platform
 import re
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,10 +26,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
-from service import serve  # noqa: E402
+from service import need_wrk, serve  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
+# Rounds of each filter, the two catalogues alternating.
+ROUNDS = 4
 SMALL = 10_000
 LARGE = {"postgres": 2_000_000, "sqlite": 200_000}
 
@@ -137,6 +141,8 @@ def run_backend(binary: str, backend: str, seconds: float, work: str) -> dict:
         if backend == "postgres":
             for db in dbs:
                 psql("VACUUM ANALYZE", db)
+            # The import's pages written out before the reads are timed.
+            psql("CHECKPOINT")
         ports = {"small": 18331, "large": 18332}
         for name in sizes:
             procs.append(serve(binary, urls[name], ports[name], f"{work}/{backend}-{name}.log"))
@@ -144,12 +150,12 @@ def run_backend(binary: str, backend: str, seconds: float, work: str) -> dict:
         for label, path, sql in FILTERS:
             print(f"{backend}: first page, {label}", file=sys.stderr)
             runs = {"small": [], "large": []}
-            for _ in range(2):  # alternating, twice
+            for _ in range(ROUNDS):  # alternating
                 for name in ("small", "large"):
-                    runs[name].append(page(ports[name], path, seconds / 2))
+                    runs[name].append(page(ports[name], path, seconds / ROUNDS))
             result["pages"][label] = (path, {
-                name: (sum(r[0] for r in rs) / len(rs), max(r[1] for r in rs),
-                       max(r[2] for r in rs), rs[0][3])
+                name: (statistics.mean(r[0] for r in rs), statistics.median(r[1] for r in rs),
+                       statistics.median(r[2] for r in rs), rs[0][3], max(r[2] for r in rs))
                 for name, rs in runs.items()})
             result["plans"][label] = plan(backend, targets["large"], sql(id_))
         return result
@@ -182,8 +188,9 @@ def report(results: dict, took: float) -> str:
             out.append(f"| {backend} | {n:,} | {first:.1f} s | {n / first:,.0f} | {again:.1f} s |")
     out += ["", "### The first page of each filter, large catalogue against 10,000",
             "",
-            "wrk, 2 threads and 8 connections, each catalogue in its own instance, alternating "
-            "twice; p50 and p99 the worse of the two rounds. Latencies in ms.",
+            f"wrk, 2 threads and 8 connections, each catalogue in its own instance, alternating "
+            f"for {ROUNDS} rounds; p50 and p99 the median of the rounds (the worst round's p99 "
+            "in parentheses). Latencies in ms.",
             "",
             "| backend | filter | items | 10,000: req/s | p50 | p99 | large: req/s | p50 | p99 "
             "| p50 large / 10,000 | p99 large / 10,000 |",
@@ -193,8 +200,8 @@ def report(results: dict, took: float) -> str:
             s, l_ = by["small"], by["large"]
             out.append(
                 f"| {backend} ({r['sizes']['large']:,}) | `{path.split('?', 1)[1]}` | {l_[3]} "
-                f"| {s[0]:.0f} | {s[1]:.2f} | {s[2]:.2f} | {l_[0]:.0f} | {l_[1]:.2f} | "
-                f"{l_[2]:.2f} | {l_[1] / s[1]:.2f} | {l_[2] / s[2]:.2f} |")
+                f"| {s[0]:.0f} | {s[1]:.2f} | {s[2]:.2f} ({s[4]:.2f}) | {l_[0]:.0f} | {l_[1]:.2f} | "
+                f"{l_[2]:.2f} ({l_[4]:.2f}) | {l_[1] / s[1]:.2f} | {l_[2] / s[2]:.2f} |")
     out += ["", "### Plans on the large catalogue", ""]
     for backend, r in results.items():
         for label, text in r["plans"].items():
@@ -209,6 +216,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--bin", help="holdfast binary (default: cargo build --release)")
     args = parser.parse_args()
+    need_wrk()
     started = time.time()
     binary = args.bin
     if binary is None:

@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
-from service import serve  # noqa: E402
+from service import need_wrk, serve  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
@@ -200,6 +200,7 @@ def main() -> int:
     parser.add_argument("--base-bin", help="BASE's release binary, already built")
     parser.add_argument("--head-bin", help="the working tree's release binary, already built")
     args = parser.parse_args()
+    need_wrk()
     started = time.time()
     scenarios = [s for s in SCENARIOS if args.writes or s not in COUNTED]
     if args.base_bin and args.head_bin:

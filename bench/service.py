@@ -25,3 +25,12 @@ def serve(binary: str, url: str, port: int, log: str, **settings: str) -> subpro
             time.sleep(0.05)
     proc.kill()
     raise SystemExit(f"the service did not start: see {log}")
+
+
+def need_wrk() -> None:
+    """Installs wrk from the distribution when it is missing (as run.sh does)."""
+    if subprocess.run(["sh", "-c", "command -v wrk"], capture_output=True).returncode == 0:
+        return
+    print("installing wrk", flush=True)
+    subprocess.run(["sh", "-c", "apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive "
+                    "apt-get install -y -qq wrk >/dev/null"], check=True)

@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
-from service import serve  # noqa: E402
+from service import need_wrk, serve  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
@@ -205,6 +205,7 @@ def main() -> int:
                         default=int(os.environ.get("BENCH_HANDOFFS", 200)))
     parser.add_argument("--bin", help="holdfast binary (default: cargo build --release)")
     args = parser.parse_args()
+    need_wrk()
     started = time.time()
     if subprocess.run(["sh", "-c", "command -v wrk"], capture_output=True).returncode != 0:
         print("installing wrk", file=sys.stderr)
