@@ -258,18 +258,25 @@ def purge(binary: str, db: str, work: str) -> dict:
 # their parameters inlined, for their plans.
 PLANS = {
     "first page of SOLD":
-        "SELECT a.id FROM assets a WHERE a.status = 'SOLD' ORDER BY a.id COLLATE \"C\" LIMIT 50",
-    "first page of AVAILABLE (AVAILABLE and lapsed holds, merged)":
-        "SELECT * FROM (SELECT * FROM (SELECT a.id FROM assets a WHERE a.status = 'AVAILABLE' "
-        "ORDER BY a.id COLLATE \"C\" LIMIT 50) available UNION ALL SELECT * FROM (SELECT a.id "
-        "FROM assets a WHERE a.status = 'HELD' AND a.hold_expires_at <= now() "
-        "AND a.waitlist_length = 0 ORDER BY a.id COLLATE \"C\" LIMIT 50) lapsed) page "
-        "ORDER BY page.id COLLATE \"C\" LIMIT 50",
+        "SELECT a.id FROM assets a WHERE a.shelf = 'SOLD' ORDER BY a.id COLLATE \"C\" LIMIT 50",
+    "first page of AVAILABLE (AVAILABLE and lapsed holds, on the ON_SALE shelf)":
+        "SELECT a.id FROM assets a WHERE a.shelf = 'ON_SALE' AND (a.status = 'AVAILABLE' "
+        "OR a.status = 'HELD' AND a.hold_expires_at <= now() AND a.waitlist_length = 0) "
+        "ORDER BY a.id COLLATE \"C\" LIMIT 50",
+    "first page of HELD (through the HELD reservations)":
+        "SELECT a.id FROM assets a WHERE a.id IN (SELECT h.asset_id FROM reservations h "
+        "WHERE h.status = 'HELD') AND a.status = 'HELD' AND (a.hold_expires_at > now() "
+        "OR a.waitlist_length > 0) ORDER BY a.id COLLATE \"C\" LIMIT 50",
     "asset counts":
         "SELECT m.status, CAST(sum(m.n) AS BIGINT) AS n FROM (SELECT status, n FROM asset_counts "
         "UNION ALL SELECT status, delta FROM asset_count_changes) m GROUP BY m.status "
-        "UNION ALL SELECT 'HELD', count(*) FROM assets WHERE status = 'HELD' "
-        "AND (hold_expires_at > now() OR waitlist_length > 0)",
+        "UNION ALL SELECT 'HELD', count(*) FROM reservations r WHERE r.status = 'HELD' "
+        "AND (r.expires_at > now() OR EXISTS (SELECT 1 FROM assets a WHERE a.id = r.asset_id "
+        "AND a.waitlist_length > 0))",
+    "the janitor's choice of lapsed holds":
+        "SELECT id, current_reservation_id FROM assets WHERE id = ANY (ARRAY(SELECT asset_id "
+        "FROM reservations WHERE status = 'HELD' AND expires_at <= now() LIMIT 500)) "
+        "AND status = 'HELD' AND hold_expires_at <= now() FOR UPDATE SKIP LOCKED",
     "the purge's batch of events":
         "SELECT id FROM events WHERE created_at < now() - interval '30 days' "
         "AND delivered_at IS NOT NULL ORDER BY created_at LIMIT 500",
