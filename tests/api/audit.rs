@@ -152,3 +152,27 @@ async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) 
 }
 
 backend_tests!(the_audit_passes_after_real_traffic_and_catches_breakage);
+
+/// On PostgreSQL no foreign key ties a stored answer or a payment to its
+/// reservation (the writing transaction knows it; a key check on every hold
+/// and sale cost more than it caught): the audit does, and names each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_checks_what_no_foreign_key_does_on_postgres() {
+    let Some(app) = TestApp::try_spawn(crate::helpers::Backend::Postgres).await else {
+        return;
+    };
+    traffic(&app).await;
+    let (ok, doc) = audit(&app);
+    assert!(ok, "{doc:#}");
+    app.sql("UPDATE idempotency_keys SET reservation_id = 'res_gone' WHERE key = 'c1'")
+        .await;
+    app.sql("UPDATE payments SET reservation_id = 'res_gone' WHERE reference = 'pay-1'")
+        .await;
+    let (ok, doc) = audit(&app);
+    assert!(!ok);
+    assert_eq!(violations(&doc, "answers_point_at_changes"), 1, "{doc:#}");
+    assert!(
+        violations(&doc, "payments_record_their_fate") >= 1,
+        "{doc:#}"
+    );
+}
