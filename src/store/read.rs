@@ -130,8 +130,20 @@ const FEW_PRICED: i64 = 1000;
 /// come first.
 fn assets_query(page: &AssetPage, now: Timestamp, postgres: bool, price_as_check: bool) -> Sql {
     let mut list = Sql::new("");
+    // The ids in byte order. A page of one shelf names that order as its
+    // index does, `COLLATE "POSIX"` (the same order as "C", under another
+    // name), so that only the shelf's index can serve it: with "C" the
+    // planner could walk every asset's id in order and filter by shelf,
+    // which reads all the SOLD assets that come first.
+    let ids = match page.status {
+        _ if !postgres => "a.id",
+        Some(AssetStatus::Available | AssetStatus::Sold | AssetStatus::Withdrawn) => {
+            "a.id COLLATE \"POSIX\""
+        }
+        _ => "a.id COLLATE \"C\"",
+    };
     let page_of = |list: &mut Sql, status: &dyn Fn(&mut Sql)| {
-        one_status(list, page, postgres, price_as_check, status);
+        one_status(list, page, ids, price_as_check, status);
     };
     let lapsed = |l: &mut Sql| {
         l.push("a.status = 'HELD' AND a.hold_expires_at <= ")
@@ -179,11 +191,12 @@ fn assets_query(page: &AssetPage, now: Timestamp, postgres: bool, price_as_check
 }
 
 /// Appends to `list` the first page of assets that pass the page's filters
-/// and `status` (which appends its condition), in id order.
+/// and `status` (which appends its condition), in the order of `ids` (the
+/// ids' expression when no attribute filter leads).
 fn one_status(
     list: &mut Sql,
     page: &AssetPage,
-    postgres: bool,
+    ids: &str,
     price_as_check: bool,
     status: &dyn Fn(&mut Sql),
 ) {
@@ -206,11 +219,7 @@ fn one_status(
         }
         None => {
             list.push(ASSETS).push(" WHERE true");
-            if postgres {
-                "a.id COLLATE \"C\""
-            } else {
-                "a.id"
-            }
+            ids
         }
     };
     for (key, value) in attributes {
