@@ -1169,7 +1169,9 @@
     if (state.selected) loadTimeline().catch(() => {});
     const results = await Promise.allSettled(loads);
     const failed = results.find((r) => r.status === "rejected");
-    if (state.signedOut) return;
+    // Paused (or hidden) while this poll was under way: the page keeps
+    // saying so, and the next poll waits for the resume.
+    if (state.signedOut || state.paused || document.hidden) return;
     if (failed) {
       state.failures += 1;
       const error = failed.reason;
