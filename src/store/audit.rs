@@ -439,8 +439,9 @@ async fn one(
         statement(&check.sql),
         check.postgres.as_deref().map(statement),
     );
-    let rows = store
-        .run("audit the invariants", async move |conn| {
+    let attempt = || {
+        let (portable, own) = (portable.clone(), own.clone());
+        store.run("audit the invariants", async move |conn| {
             let sql = match (conn.is_postgres(), own) {
                 (true, Some(own)) => own,
                 _ => portable,
@@ -450,7 +451,13 @@ async fn one(
                 .await
                 .context("run an audit check")
         })
-        .await?;
+    };
+    // A check only reads: one whose connection went away (a restarted
+    // database, a pooled connection left broken) is run once more.
+    let rows = match attempt().await {
+        Err(e) if e.is_unavailable() => attempt().await?,
+        other => other?,
+    };
     let found = finding(&check, rows);
     progress(&found, started.elapsed());
     Ok(found)
