@@ -100,6 +100,7 @@ class Document:
     def __init__(self, path=DOCUMENT):
         with open(path) as f:
             doc = json.load(f)
+        schemas = doc.get("components", {}).get("schemas", {})
         # (method, number of path segments) -> [(segments, Operation)], a
         # segment None where the template has a parameter.
         self.operations: dict[tuple[str, int], list] = {}
@@ -112,19 +113,23 @@ class Document:
                 answers = {}
                 for status, resp in op["responses"].items():
                     if status.isdigit():
-                        answers[int(status)] = self._codes(resp) if int(status) >= 400 else None
+                        answers[int(status)] = (self._codes(resp, schemas) if int(status) >= 400
+                                             else None)
                 self.operations.setdefault((method.upper(), len(segments)), []).append(
                     (segments, Operation(op.get("operationId"), method.upper(), template,
                                          answers)))
         self._seen: dict[tuple[str, str], Operation | None] = {}
 
     @staticmethod
-    def _codes(resp):
-        """The error_code enum of an error answer (under an allOf with Problem)."""
+    def _codes(resp, schemas):
+        """The error_code values of an error answer: its problem schema, or
+        the union of them discriminated by error_code."""
         codes = set()
         for content in (resp.get("content") or {}).values():
             schema = content.get("schema") or {}
-            for part in schema.get("allOf", []) + [schema]:
+            for part in schema.get("oneOf", []) + [schema]:
+                if "$ref" in part:
+                    part = schemas.get(part["$ref"].rsplit("/", 1)[-1], {})
                 enum = ((part.get("properties") or {}).get("error_code") or {}).get("enum")
                 if enum:
                     codes.update(enum)

@@ -16,9 +16,9 @@ pub use ids::{
     ReservationId,
 };
 pub use model::{
-    Asset, AssetStatus, ClearedEntry, Event, EventSummary, EventType, Payment, PaymentFate,
-    PaymentOutcome, Refund, RefundReason, RefundStatus, Reservation, ReservationStatus, Via,
-    WaitlistCleared, WaitlistEntry, WaitlistSkipped, WriteOutcome,
+    Asset, AssetStatus, ClearedEntry, DataKind, Event, EventSummary, EventType, Payment,
+    PaymentFate, PaymentOutcome, Refund, RefundReason, RefundStatus, Reservation,
+    ReservationStatus, Via, WaitlistCleared, WaitlistEntry, WaitlistSkipped, WriteOutcome,
 };
 pub use rules::{
     commit_decision, extension_allowed, hold_decision, release_decision, withdraw_decision,

@@ -531,6 +531,7 @@ pub struct Event {
     /// The reservation, refund or asset as the API showed it at that moment.
     /// A storefront sees an event about another client's reservation as an
     /// [`EventSummary`] instead: what happened to the asset, nothing more.
+    pub data_kind: DataKind,
     #[schema(schema_with = event_data)]
     pub data: Box<serde_json::value::RawValue>,
     /// The API key that voided a sale, or withdrew or reinstated the asset
@@ -545,16 +546,73 @@ pub struct Event {
     pub client: Option<String>,
 }
 
-/// `EventData`, the schema of an event's `data` (see `http::docs`).
+/// The schema of an event's `data`: one per [`DataKind`], which the
+/// document's `Event` union replaces (see `http::docs`).
 fn event_data() -> utoipa::openapi::Ref {
     utoipa::openapi::schema::RefBuilder::new()
-        .ref_location_from_schema_name("EventData")
+        .ref_location_from_schema_name("Reservation")
         .description(Some(
-            "The reservation, refund or asset as the API showed it at that moment.\n\
-             A storefront sees an event about another client's reservation as an\n\
-             [`EventSummary`] instead: what happened to the asset, nothing more.",
+            "The reservation, refund or asset as the API showed it at that moment\n\
+             (`data_kind` says which).",
         ))
         .build()
+}
+
+/// What an event's `data` is; the discriminator of the document's `Event`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DataKind {
+    /// A `Reservation`: the `reservation.*` events.
+    Reservation,
+    /// A `Refund`: `refund.requested`, `refund.completed`.
+    Refund,
+    /// An `Asset`: the `asset.*` events.
+    Asset,
+    /// An `EventSummary`: another client's reservation or refund, as a
+    /// storefront sees it.
+    Summary,
+    /// A `WaitlistSkipped`.
+    WaitlistSkipped,
+    /// A `WaitlistCleared`.
+    WaitlistCleared,
+}
+
+impl DataKind {
+    /// Every kind with the schema of its `data`.
+    pub const SCHEMAS: [(DataKind, &'static str); 6] = [
+        (DataKind::Reservation, "Reservation"),
+        (DataKind::Refund, "Refund"),
+        (DataKind::Asset, "Asset"),
+        (DataKind::Summary, "EventSummary"),
+        (DataKind::WaitlistSkipped, "WaitlistSkipped"),
+        (DataKind::WaitlistCleared, "WaitlistCleared"),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataKind::Reservation => "reservation",
+            DataKind::Refund => "refund",
+            DataKind::Asset => "asset",
+            DataKind::Summary => "summary",
+            DataKind::WaitlistSkipped => "waitlist_skipped",
+            DataKind::WaitlistCleared => "waitlist_cleared",
+        }
+    }
+}
+
+impl EventType {
+    /// What this event's `data` is, unredacted.
+    pub fn data_kind(self) -> DataKind {
+        use EventType::*;
+        match self {
+            ReservationHeld | ReservationCommitted | ReservationReleased | ReservationExpired
+            | ReservationExtended | ReservationVoided => DataKind::Reservation,
+            RefundRequested | RefundCompleted => DataKind::Refund,
+            AssetWithdrawn | AssetReinstated | AssetUpdated => DataKind::Asset,
+            WaitlistSkipped => DataKind::WaitlistSkipped,
+            WaitlistCleared => DataKind::WaitlistCleared,
+        }
+    }
 }
 
 /// An event about another client's reservation, as a storefront sees it:
@@ -607,6 +665,7 @@ impl Event {
         };
         // Never the original data, even if the summary could not be written.
         self.data = serde_json::value::to_raw_value(&summary).unwrap_or_default();
+        self.data_kind = DataKind::Summary;
         self.actor = None;
         self
     }

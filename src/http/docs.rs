@@ -8,13 +8,13 @@ use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::schema::{
-    AllOfBuilder, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type,
+    Discriminator, ObjectBuilder, OneOfBuilder, RefBuilder, Schema, SchemaType, Type,
 };
 use utoipa::openapi::{OpenApi, Ref, RefOr, Required};
 
 use super::error::{PROBLEM_JSON, REPLAYED};
 use super::operations::{self, Rule};
-use crate::domain::{AssetStatus, FieldError};
+use crate::domain::{AssetStatus, DataKind, FieldError};
 use crate::reply::{self, ErrorCode, Problem};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 
@@ -175,9 +175,12 @@ pub fn describe(code: ErrorCode) -> &'static str {
     }
 }
 
-/// Adds every operation's problem responses: the Problem schema narrowed to
-/// the `error_code`s that operation can answer with at that status.
+/// Adds every operation's problem responses, each typed with the
+/// `error_code`s that operation can answer with at that status: one plain
+/// schema per code (`AssetUnavailableProblem`, …), and a union of them,
+/// discriminated by `error_code`, where a status carries several.
 pub fn document_problems(api: &mut OpenApi) {
+    let mut used = Vec::new();
     for item in api.paths.paths.values_mut() {
         for operation in [
             &mut item.get,
@@ -189,37 +192,105 @@ pub fn document_problems(api: &mut OpenApi) {
         .into_iter()
         .flatten()
         {
-            add_problems(operation);
+            used.extend(add_problems(operation));
+            plain_optional_body(operation);
+        }
+    }
+    let components = api.components.get_or_insert_with(Default::default);
+    let Some(RefOr::T(Schema::Object(problem))) = components.schemas.get("Problem").cloned() else {
+        return;
+    };
+    for &code in ErrorCode::ALL.iter().filter(|code| used.contains(code)) {
+        let mut narrowed = problem.clone();
+        narrowed.title = Some(problem_schema(code));
+        narrowed.description = Some(format!("`{}`: {}", code.as_str(), describe(code)));
+        narrowed.properties.insert(
+            "error_code".to_owned(),
+            ObjectBuilder::new()
+                .schema_type(SchemaType::Type(Type::String))
+                .enum_values(Some([code.as_str()]))
+                .into(),
+        );
+        components
+            .schemas
+            .insert(problem_schema(code), RefOr::T(Schema::Object(narrowed)));
+    }
+}
+
+/// An optional body as the generators read it: not required, its schema
+/// the plain reference, not `oneOf [null, $ref]` (a JSON `null` body is no
+/// body a client sends).
+fn plain_optional_body(operation: &mut Operation) {
+    let Some(body) = &mut operation.request_body else {
+        return;
+    };
+    if body.required == Some(Required::True) {
+        return;
+    }
+    for content in body.content.values_mut() {
+        if let Some(RefOr::T(Schema::OneOf(one_of))) = &content.schema {
+            if let Some(reference) = one_of.items.iter().find(|s| matches!(s, RefOr::Ref(_))) {
+                content.schema = Some(reference.clone());
+            }
         }
     }
 }
 
-fn add_problems(operation: &mut Operation) {
+/// The name of the schema of one code's problem: `ASSET_UNAVAILABLE` is
+/// `AssetUnavailableProblem`.
+fn problem_schema(code: ErrorCode) -> String {
+    pascal(code.as_str()) + "Problem"
+}
+
+/// `ASSET_UNAVAILABLE` or `waitlist_skipped` as a schema name's words:
+/// `AssetUnavailable`, `WaitlistSkipped`.
+fn pascal(snake: &str) -> String {
+    let mut name = String::new();
+    for word in snake.split('_') {
+        let mut letters = word.chars();
+        if let Some(first) = letters.next() {
+            name.extend(first.to_uppercase());
+            name.extend(letters.flat_map(char::to_lowercase));
+        }
+    }
+    name
+}
+
+/// The body of a problem response that carries `codes`: the one code's
+/// schema, or their union discriminated by `error_code`.
+fn problems_schema(codes: &[ErrorCode]) -> RefOr<Schema> {
+    match codes {
+        [code] => RefOr::Ref(Ref::from_schema_name(problem_schema(*code))),
+        _ => {
+            let mut discriminator = Discriminator::new("error_code");
+            let mut one_of = OneOfBuilder::new();
+            for code in codes {
+                let name = problem_schema(*code);
+                discriminator.mapping.insert(
+                    code.as_str().to_owned(),
+                    format!("#/components/schemas/{name}"),
+                );
+                one_of = one_of.item(Ref::from_schema_name(name));
+            }
+            one_of.discriminator(Some(discriminator)).into()
+        }
+    }
+}
+
+fn add_problems(operation: &mut Operation) -> Vec<ErrorCode> {
+    let mut used = Vec::new();
     let Some(id) = operation.operation_id.clone() else {
-        return;
+        return used;
     };
     let Some(op) = operations::find(&id) else {
-        return;
+        return used;
     };
     if op.keyed() {
         add_key(operation);
     }
     for (status, codes) in op.all_problems() {
-        let narrowed = ObjectBuilder::new()
-            .schema_type(SchemaType::Type(Type::Object))
-            .property(
-                "error_code",
-                ObjectBuilder::new()
-                    .schema_type(SchemaType::Type(Type::String))
-                    .enum_values(Some(codes.iter().map(|c| c.as_str()))),
-            )
-            .required("error_code");
-        let schema = Schema::AllOf(
-            AllOfBuilder::new()
-                .item(RefOr::Ref(Ref::from_schema_name("Problem")))
-                .item(narrowed)
-                .build(),
-        );
+        used.extend_from_slice(&codes);
+        let schema = problems_schema(&codes);
         let description = codes
             .iter()
             .map(|c| format!("`{}`: {}", c.as_str(), describe(*c)))
@@ -259,6 +330,7 @@ fn add_problems(operation: &mut Operation) {
         let note = format!("\n\nRoles: {roles}.");
         operation.description = Some(operation.description.take().unwrap_or_default() + &note);
     }
+    used
 }
 
 /// What every operation under an `Idempotency-Key` documents: the header,
@@ -295,26 +367,52 @@ pub const BEARER: &str = "api_key";
 /// The scheme name of API keys sent by a browser (HTTP Basic).
 pub const BASIC: &str = "api_key_basic";
 
-/// `EventData`, what an event's `data` holds: a reservation, a refund, an
-/// asset, or what a storefront sees of another client's reservation.
-pub fn document_event_data(api: &mut OpenApi) {
+/// `Event` as a union discriminated by `data_kind`: one schema per kind of
+/// `data` (`ReservationEvent`, `SummaryEvent`, …), each the event's own
+/// fields with `data` of that kind's schema. The event's `type` alone does
+/// not decide: a storefront sees another client's `reservation.held` as a
+/// summary.
+pub fn document_events(api: &mut OpenApi) {
     let components = api.components.get_or_insert_with(Default::default);
-    let one_of = [
-        "Reservation",
-        "Refund",
-        "Asset",
-        "EventSummary",
-        "WaitlistSkipped",
-        "WaitlistCleared",
-    ]
-    .into_iter()
-    .fold(OneOfBuilder::new(), |one_of, name| {
-        one_of.item(Ref::from_schema_name(name))
-    })
-    .description(Some("What an event's `data` holds, by its type."));
+    let Some(RefOr::T(Schema::Object(event))) = components.schemas.get("Event").cloned() else {
+        return;
+    };
+    let mut discriminator = Discriminator::new("data_kind");
+    let mut one_of = OneOfBuilder::new().description(event.description.clone());
+    for (kind, data) in DataKind::SCHEMAS {
+        let mut variant = event.clone();
+        let name = format!("{}Event", pascal(kind.as_str()));
+        variant.title = Some(name.clone());
+        variant.properties.insert(
+            "data_kind".to_owned(),
+            ObjectBuilder::new()
+                .schema_type(SchemaType::Type(Type::String))
+                .enum_values(Some([kind.as_str()]))
+                .into(),
+        );
+        variant.properties.insert(
+            "data".to_owned(),
+            RefOr::Ref(
+                RefBuilder::new()
+                    .ref_location_from_schema_name(data)
+                    .description(Some(format!(
+                        "The {data} as the API showed it at that moment."
+                    )))
+                    .build(),
+            ),
+        );
+        discriminator.mapping.insert(
+            kind.as_str().to_owned(),
+            format!("#/components/schemas/{name}"),
+        );
+        one_of = one_of.item(Ref::from_schema_name(name.clone()));
+        components
+            .schemas
+            .insert(name, RefOr::T(Schema::Object(variant)));
+    }
     components.schemas.insert(
-        "EventData".to_owned(),
-        RefOr::T(Schema::OneOf(one_of.build())),
+        "Event".to_owned(),
+        one_of.discriminator(Some(discriminator)).into(),
     );
 }
 

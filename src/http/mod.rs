@@ -176,7 +176,7 @@ pub fn openapi() -> OpenApiDoc {
     api.info.version = env!("CARGO_PKG_VERSION").to_owned();
     docs::document_problems(&mut api);
     docs::document_security(&mut api);
-    docs::document_event_data(&mut api);
+    docs::document_events(&mut api);
     api
 }
 

@@ -513,8 +513,10 @@ impl EventRow {
     pub(crate) fn into_event(self) -> StoreResult<Event> {
         let data = serde_json::value::RawValue::from_string(self.data)
             .map_err(|e| StoreError::Corrupt(format!("event {} has invalid data: {e}", self.id)))?;
+        let event_type = parse_status(EventType::parse, &self.event_type)?;
         Ok(Event {
-            event_type: parse_status(EventType::parse, &self.event_type)?,
+            event_type,
+            data_kind: event_type.data_kind(),
             id: self.id,
             asset_id: self.asset_id,
             sequence: self.sequence,

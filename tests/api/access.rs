@@ -1225,6 +1225,7 @@ async fn storefronts_never_read_other_clients_buyers_or_payments(backend: Backen
         assert_eq!(event["sequence"], i + 1);
         assert!(event["created_at"].is_string());
         assert_eq!(event["data"]["redacted"], true, "{event}");
+        assert_eq!(event["data_kind"], "summary", "{event}");
         assert_eq!(event["data"]["asset_id"], "P-1");
         assert!(event["actor"].is_null(), "{event}");
     }
@@ -1268,6 +1269,22 @@ async fn storefronts_never_read_other_clients_buyers_or_payments(backend: Backen
     )
     .await;
     let events: Value = serde_json::from_str(&text).unwrap();
+    let kinds: Vec<&str> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["data_kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "reservation",
+            "reservation",
+            "reservation",
+            "refund",
+            "reservation"
+        ]
+    );
     assert_eq!(events["items"][2]["type"], "reservation.voided");
     assert_eq!(events["items"][2]["actor"], "ops");
     assert_eq!(events["items"][3]["actor"], "ops");

@@ -74,6 +74,77 @@ fn every_change_documents_the_415_of_form_posts() {
     }
 }
 
+/// What the client generators need (ci/clients): no `allOf`; every union
+/// discriminated by a property each member fixes to its own value; no
+/// `oneOf [null, $ref]` request body.
+#[test]
+fn every_union_is_discriminated_and_no_schema_is_composed() {
+    let doc: serde_json::Value = serde_json::from_str(&committed()).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let text = committed();
+    assert!(!text.contains("\"allOf\""), "the document uses allOf");
+    let mut unions = Vec::new();
+    find_unions(&doc, &mut unions);
+    let mut discriminated = 0;
+    for union in unions {
+        let members = union["oneOf"].as_array().unwrap();
+        let refs: Vec<&str> = members.iter().filter_map(|m| m["$ref"].as_str()).collect();
+        if refs.len() < 2 {
+            // A nullable value (`oneOf [null, T]`) or one of several JSON
+            // types (an attribute): nothing to discriminate.
+            assert!(
+                members.iter().all(|m| m.get("properties").is_none()),
+                "{union}"
+            );
+            continue;
+        }
+        let property = union["discriminator"]["propertyName"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a union without a discriminator: {union}"));
+        let mapping = union["discriminator"]["mapping"].as_object().unwrap();
+        assert_eq!(mapping.len(), refs.len(), "{union}");
+        for (value, target) in mapping {
+            let name = target.as_str().unwrap().rsplit('/').next().unwrap();
+            assert!(refs.contains(&target.as_str().unwrap()), "{union}");
+            let member = &schemas[name];
+            assert_eq!(
+                member["properties"][property]["enum"],
+                serde_json::json!([value]),
+                "{name} does not fix {property} to {value}"
+            );
+            assert!(
+                member["required"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&serde_json::json!(property)),
+                "{name} does not require {property}"
+            );
+        }
+        discriminated += 1;
+    }
+    // The event feed and every status with several error codes.
+    assert!(discriminated >= 8, "{discriminated} discriminated unions");
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let body = &op["requestBody"]["content"]["application/json"]["schema"];
+            assert!(body.get("oneOf").is_none(), "{method} {path}: {body}");
+        }
+    }
+}
+
+fn find_unions<'a>(value: &'a serde_json::Value, found: &mut Vec<&'a serde_json::Value>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if map.contains_key("oneOf") {
+                found.push(value);
+            }
+            map.values().for_each(|v| find_unions(v, found));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| find_unions(v, found)),
+        _ => {}
+    }
+}
+
 async fn the_service_serves_the_committed_document(app: TestApp) {
     let served = app.get("/openapi.json").await.text().await.unwrap();
     assert_eq!(served.trim_end(), committed().trim_end());
