@@ -177,9 +177,7 @@ pub async fn create_asset(
     tag = "assets",
     params(AssetPath),
     request_body = UpdateAssetRequest,
-    responses(
-        (status = 200, description = "The asset as changed", body = Asset),
-    )
+    responses((status = 200, description = "The asset as changed", body = Asset))
 )]
 #[patch("/v1/assets/{asset_id}")]
 pub async fn update_asset(
@@ -263,9 +261,7 @@ const REINSTATEMENTS: Answers =
     tag = "assets",
     params(AssetPath),
     request_body(content = Option<WithdrawAssetRequest>, description = "Optional"),
-    responses(
-        (status = 200, description = "The asset, WITHDRAWN", body = Asset),
-    )
+    responses((status = 200, description = "The asset, WITHDRAWN", body = Asset))
 )]
 #[post("/v1/assets/{asset_id}/withdraw")]
 pub async fn withdraw_asset(
@@ -274,10 +270,9 @@ pub async fn withdraw_asset(
     asset: AssetPath,
     body: JsonBody<WithdrawAssetRequest, true>,
 ) -> ApiResult {
-    let id = asset.0;
     let force = body.value.force;
     WITHDRAWALS.send(
-        match state.store.withdraw(&id, force, &caller.name).await? {
+        match state.store.withdraw(&asset.0, force, &caller.name).await? {
             WithdrawOutcome::Withdrawn(asset) => {
                 tracing::info!(asset_id = %asset.id, force, "asset withdrawn");
                 ("withdrawn", Reply::json(200, &asset))
@@ -296,9 +291,7 @@ pub async fn withdraw_asset(
     tag = "assets",
     params(AssetPath),
     request_body(content = Option<ReinstateAssetRequest>, description = "Optional"),
-    responses(
-        (status = 200, description = "The asset", body = Asset),
-    )
+    responses((status = 200, description = "The asset", body = Asset))
 )]
 #[post("/v1/assets/{asset_id}/reinstate")]
 pub async fn reinstate_asset(
@@ -307,8 +300,7 @@ pub async fn reinstate_asset(
     asset: AssetPath,
     _body: JsonBody<ReinstateAssetRequest, true>,
 ) -> ApiResult {
-    let id = asset.0;
-    REINSTATEMENTS.send(match state.store.reinstate(&id, &caller.name).await? {
+    REINSTATEMENTS.send(match state.store.reinstate(&asset.0, &caller.name).await? {
         ReinstateOutcome::Reinstated(asset) => {
             tracing::info!(asset_id = %asset.id, "asset reinstated");
             ("reinstated", Reply::json(200, &asset))
@@ -322,9 +314,7 @@ pub async fn reinstate_asset(
 #[utoipa::path(
     tag = "assets",
     params(AssetPath),
-    responses(
-        (status = 200, description = "The asset", body = Asset),
-    )
+    responses((status = 200, description = "The asset", body = Asset))
 )]
 #[get("/v1/assets/{asset_id}")]
 pub async fn get_asset(caller: Caller, state: State, asset: AssetPath) -> ApiResult {
@@ -379,9 +369,7 @@ list_page! {
          example = json!(["region:B", "digits:4"])),
         PageQuery<50>
     ),
-    responses(
-        (status = 200, description = "One page of assets", body = AssetList),
-    )
+    responses((status = 200, description = "One page of assets", body = AssetList))
 )]
 #[get("/v1/assets")]
 pub async fn list_assets(
@@ -472,9 +460,7 @@ pub struct AssetCounts {
 /// Count assets by effective status, for an operator's overview.
 #[utoipa::path(
     tag = "assets",
-    responses(
-        (status = 200, description = "Counts per status", body = AssetCounts),
-    )
+    responses((status = 200, description = "Counts per status", body = AssetCounts))
 )]
 #[get("/v1/asset-counts")]
 pub async fn count_assets(_caller: Caller, state: State) -> ApiResult {
@@ -504,9 +490,7 @@ list_page! {
 #[utoipa::path(
     tag = "assets",
     params(AssetPath, PageQuery<500>),
-    responses(
-        (status = 200, description = "The asset's events", body = EventList),
-    )
+    responses((status = 200, description = "The asset's events", body = EventList))
 )]
 #[get("/v1/assets/{asset_id}/events")]
 pub async fn list_asset_events(

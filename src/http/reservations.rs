@@ -143,9 +143,7 @@ pub async fn hold_asset(
 #[utoipa::path(
     tag = "reservations",
     params(ReservationPath),
-    responses(
-        (status = 200, description = "The reservation", body = Reservation),
-    )
+    responses((status = 200, description = "The reservation", body = Reservation))
 )]
 #[get("/v1/reservations/{reservation_id}")]
 pub async fn get_reservation(
@@ -476,9 +474,7 @@ list_page! {
 #[utoipa::path(
     tag = "reservations",
     params(ListReservationsQuery, PageQuery<50>),
-    responses(
-        (status = 200, description = "One page of reservations", body = ReservationList),
-    )
+    responses((status = 200, description = "One page of reservations", body = ReservationList))
 )]
 #[get("/v1/reservations")]
 pub async fn list_reservations(

@@ -92,9 +92,7 @@ pub struct Waitlist {
 #[utoipa::path(
     tag = "waitlists",
     params(AssetPath),
-    responses(
-        (status = 200, description = "The waiters, first first", body = Waitlist),
-    )
+    responses((status = 200, description = "The waiters, first first", body = Waitlist))
 )]
 #[get("/v1/assets/{asset_id}/waitlist")]
 pub async fn list_waitlist(caller: Caller, state: State, asset: AssetPath) -> ApiResult {
