@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The OpenAPI document as a contract, checked against the running service:
 # lint the document, fuzz both backends with schemathesis, drive the service
-# with a client generated from the document, render /docs in Chromium, and
+# with clients of four generators, render /docs in Chromium, and
 # run the operator console end to end in Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,11 +84,11 @@ for target in "sqlite:$sqlite_port" "postgres:$pg_port" "postgres-pgbouncer:$poo
     --seed "${SCHEMATHESIS_SEED:-20261129}" --report junit --report-dir "$root/target/schemathesis-$backend")
 done
 
-step "generated client flow"
-ci/client-flow.sh "http://127.0.0.1:$sqlite_port"
+step "generated clients (ci/clients: each generator's flow)"
+ci/clients/run.sh "http://127.0.0.1:$sqlite_port"
 
 step "generated client flow, the second instance behind PgBouncer"
-ci/client-flow.sh "http://127.0.0.1:$pooled_b"
+ci/clients/run.sh "http://127.0.0.1:$pooled_b" openapi-fetch
 
 step "docs page in headless Chromium"
 SCREENSHOT="$root/target/docs.png" ci/docs-screenshot.sh "http://127.0.0.1:$sqlite_port"
