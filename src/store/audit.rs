@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::conn::{Bind, Sql};
 use super::db::Store;
 use super::error::Context;
-use super::error::StoreResult;
+use super::error::{StoreError, StoreResult};
 use crate::domain::Timestamp;
 
 /// One invariant and what the database says about it.
@@ -453,9 +453,13 @@ async fn one(
         })
     };
     // A check only reads: one whose connection went away (a restarted
-    // database, a pooled connection left broken) is run once more.
+    // database, a pooled connection left broken) is run once more. One the
+    // server refused (its time budget ran out) is not: it would run as long.
     let rows = match attempt().await {
-        Err(e) if e.is_unavailable() => attempt().await?,
+        Err(e @ StoreError::Unavailable { refused: false, .. }) => {
+            tracing::debug!(error = %e, "audit check retried");
+            attempt().await?
+        }
         other => other?,
     };
     let found = finding(&check, rows);
