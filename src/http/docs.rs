@@ -83,6 +83,8 @@ fn example(code: ErrorCode) -> Value {
         PaymentNotFound => reply::payment_not_found(),
         ServiceUnavailable => reply::service_unavailable(crate::store::WriteOutcome::Unknown),
         HoldLimitReached => reply::hold_limit_reached(5),
+        WaitlistFull => reply::waitlist_full(1000),
+        WaitlistNotOpen => reply::waitlist_not_open(AssetStatus::Sold),
         SaleNotOpen => reply::sale_not_open(
             chrono::DateTime::parse_from_rfc3339("2026-12-01T09:00:00Z")
                 .map(|t| t.with_timezone(&chrono::Utc))
@@ -91,6 +93,16 @@ fn example(code: ErrorCode) -> Value {
         other => Problem::new(other, describe(other)),
     };
     serde_json::from_str(&problem.into_reply().body).unwrap_or(Value::Null)
+}
+
+/// The example of `code` when it has every member its schema requires
+/// (the codes about a reservation, an asset or a payment have none).
+fn complete_example(code: ErrorCode) -> Option<Value> {
+    let example = example(code);
+    members(code)
+        .iter()
+        .all(|(member, always)| !always || example.get(member).is_some())
+        .then_some(example)
 }
 
 /// What each code means, for descriptions and examples.
@@ -204,6 +216,16 @@ pub fn document_problems(api: &mut OpenApi) {
         let mut narrowed = problem.clone();
         narrowed.title = Some(problem_schema(code));
         narrowed.description = Some(format!("`{}`: {}", code.as_str(), describe(code)));
+        let members = members(code);
+        narrowed.properties.retain(|name, _| {
+            COMMON.contains(&name.as_str()) || members.iter().any(|(m, _)| m == name)
+        });
+        narrowed.required.extend(
+            members
+                .iter()
+                .filter(|(_, always)| *always)
+                .map(|(m, _)| (*m).to_owned()),
+        );
         narrowed.properties.insert(
             "error_code".to_owned(),
             ObjectBuilder::new()
@@ -214,6 +236,37 @@ pub fn document_problems(api: &mut OpenApi) {
         components
             .schemas
             .insert(problem_schema(code), RefOr::T(Schema::Object(narrowed)));
+    }
+}
+
+/// The members of every problem.
+const COMMON: [&str; 5] = ["type", "title", "status", "error_code", "message"];
+
+/// The members a code's problem carries beyond [`COMMON`], each with
+/// whether it is always sent (see the constructors in `reply`).
+fn members(code: ErrorCode) -> &'static [(&'static str, bool)] {
+    use ErrorCode::*;
+    match code {
+        AssetUnavailable => &[
+            ("asset_status", true),
+            ("hold_expires_at", false),
+            ("waitlist_length", false),
+        ],
+        SaleNotOpen => &[("available_from", true)],
+        HoldLimitReached => &[("limit", true)],
+        HoldExpired | AlreadyCommitted | PaymentAmountMismatch => {
+            &[("reservation", true), ("refund", true)]
+        }
+        ReservationNotActive => &[("reservation", true), ("refund", false)],
+        PaymentReferenceUsed => &[("reservation", true), ("payment", true)],
+        HoldExtensionLimit => &[("reservation", true)],
+        AssetHeld | AssetSold => &[("asset", true)],
+        ValidationFailed => &[("errors", false)],
+        WaitlistNotOpen => &[("asset_status", true)],
+        WaitlistFull => &[("waitlist_max", true)],
+        ServiceUnavailable => &[("write_outcome", true)],
+        AssetExists => &[("conflicts", false)],
+        _ => &[],
     }
 }
 
@@ -300,7 +353,7 @@ fn add_problems(operation: &mut Operation) -> Vec<ErrorCode> {
             PROBLEM_JSON,
             ContentBuilder::new()
                 .schema(Some(schema))
-                .example(codes.first().map(|c| example(*c)))
+                .example(codes.first().and_then(|c| complete_example(*c)))
                 .build(),
         );
         if status == 503 || status == 429 {
@@ -458,5 +511,27 @@ mod tests {
         for code in ErrorCode::ALL {
             assert_eq!(example(*code)["error_code"], code.as_str());
         }
+    }
+
+    /// A code's rendered problem has no member its schema leaves out.
+    #[test]
+    fn examples_carry_only_their_members() {
+        let mut complete = 0;
+        for &code in ErrorCode::ALL {
+            let example = example(code);
+            for member in example.as_object().into_iter().flat_map(|m| m.keys()) {
+                assert!(
+                    COMMON.contains(&member.as_str())
+                        || members(code).iter().any(|(m, _)| m == member),
+                    "{} sends {member}",
+                    code.as_str()
+                );
+            }
+            complete += usize::from(complete_example(code).is_some());
+        }
+        assert!(
+            complete > ErrorCode::ALL.len() / 2,
+            "{complete} complete examples"
+        );
     }
 }

@@ -116,6 +116,19 @@ pub struct ProblemBody {
     /// SERVICE_UNAVAILABLE: whether the request may have changed something.
     #[schema(nullable = false)]
     pub write_outcome: Option<crate::store::WriteOutcome>,
+    /// ASSET_UNAVAILABLE of a hold: how many buyers wait for the asset.
+    #[schema(nullable = false, minimum = 0)]
+    pub waitlist_length: Option<i64>,
+    /// HOLD_LIMIT_REACHED: the most live holds one buyer may have.
+    #[schema(nullable = false, minimum = 1)]
+    pub limit: Option<i64>,
+    /// WAITLIST_FULL: the most buyers that may wait for one asset.
+    #[schema(nullable = false, minimum = 1)]
+    pub waitlist_max: Option<i64>,
+    /// ASSET_EXISTS of a batch: the items naming assets that exist with
+    /// other data.
+    #[schema(nullable = false)]
+    pub conflicts: Option<Vec<batch::AssetConflict>>,
 }
 
 #[derive(OpenApi)]
