@@ -469,6 +469,35 @@ pub fn document_events(api: &mut OpenApi) {
     );
 }
 
+/// The answers' objects whose every member is sent, `null` when it has no
+/// value: each member is required, so that a generated type reads
+/// `price: Price | null` rather than `price?: Price | null`.
+const ALWAYS_SENT: [&str; 9] = [
+    "Asset",
+    "Reservation",
+    "Refund",
+    "Payment",
+    "EventSummary",
+    "AssetList",
+    "EventList",
+    "RefundList",
+    "ReservationList",
+];
+
+/// Marks every member of [`ALWAYS_SENT`]'s objects, and of each event,
+/// required.
+pub fn document_always_sent(api: &mut OpenApi) {
+    let components = api.components.get_or_insert_with(Default::default);
+    for (name, schema) in components.schemas.iter_mut() {
+        let event = name.ends_with("Event") && name != "Event";
+        if let RefOr::T(Schema::Object(object)) = schema {
+            if event || ALWAYS_SENT.contains(&name.as_str()) {
+                object.required = object.properties.keys().cloned().collect();
+            }
+        }
+    }
+}
+
 /// Declares the two ways to present an API key: `Authorization: Bearer
 /// <token>`, and for browsers HTTP Basic with the token as the password.
 pub fn document_security(api: &mut OpenApi) {

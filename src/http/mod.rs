@@ -190,6 +190,7 @@ pub fn openapi() -> OpenApiDoc {
     docs::document_problems(&mut api);
     docs::document_security(&mut api);
     docs::document_events(&mut api);
+    docs::document_always_sent(&mut api);
     api
 }
 
