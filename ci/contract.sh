@@ -2,7 +2,7 @@
 # The OpenAPI document as a contract, checked against the running service:
 # lint the document, fuzz both backends with schemathesis, drive the service
 # with clients of four generators, render /docs in Chromium, and
-# run the operator console end to end in Chromium.
+# run the operator console and the example storefront end to end in Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -39,7 +39,13 @@ entry=$(sed -n 's/^ *\(contract:admin:[0-9a-f]*\)$/\1/p' <<<"$key")
 export HOLDFAST_TOKEN=$token
 # A storefront key too, for the console's offer (an offer names the
 # storefront that sells it).
-shop_entry=$("$bin" keys new --name plates-web --role storefront | sed -n 's/^ *\(plates-web:storefront:[0-9a-f]*\)$/\1/p')
+shop_key=$("$bin" keys new --name plates-web --role storefront)
+shop_entry=$(sed -n 's/^ *\(plates-web:storefront:[0-9a-f]*\)$/\1/p' <<<"$shop_key")
+shop_token=$(sed -n 's/^ *\(hf_[A-Za-z0-9_-]*\)$/\1/p' <<<"$shop_key")
+# A payments key, for the example storefront's payment provider.
+psp_key=$("$bin" keys new --name psp --role payments)
+psp_entry=$(sed -n 's/^ *\(psp:payments:[0-9a-f]*\)$/\1/p' <<<"$psp_key")
+psp_token=$(sed -n 's/^ *\(hf_[A-Za-z0-9_-]*\)$/\1/p' <<<"$psp_key")
 
 # serve NAME PORT DATABASE_URL: starts holdfast and waits until it is ready.
 serve() {
@@ -100,5 +106,13 @@ console_port=18183
 keys="$entry,$shop_entry" serve console "$console_port" "sqlite://$work/console.db"
 SCREENSHOT_DIR="$root/target" HOLDFAST_OFFER_CLIENT=plates-web \
   ci/console-e2e.sh "http://127.0.0.1:$console_port" "$token"
+
+# The example storefront (examples/storefront), two buyers in two browser
+# contexts, on an instance with the three kinds of key.
+step "example storefront in headless Chromium"
+storefront_port=18186
+keys="$entry,$shop_entry,$psp_entry" serve storefront "$storefront_port" "sqlite://$work/storefront.db"
+SCREENSHOT_DIR="$root/target" \
+  ci/storefront-e2e.sh "http://127.0.0.1:$storefront_port" "$token" "$shop_token" "$psp_token"
 
 step "contract checks passed"

@@ -205,7 +205,6 @@ pub fn document_problems(api: &mut OpenApi) {
         .flatten()
         {
             used.extend(add_problems(operation));
-            plain_optional_body(operation);
         }
     }
     let components = api.components.get_or_insert_with(Default::default);
@@ -267,25 +266,6 @@ fn members(code: ErrorCode) -> &'static [(&'static str, bool)] {
         ServiceUnavailable => &[("write_outcome", true)],
         AssetExists => &[("conflicts", false)],
         _ => &[],
-    }
-}
-
-/// An optional body as the generators read it: not required, its schema
-/// the plain reference, not `oneOf [null, $ref]` (a JSON `null` body is no
-/// body a client sends).
-fn plain_optional_body(operation: &mut Operation) {
-    let Some(body) = &mut operation.request_body else {
-        return;
-    };
-    if body.required == Some(Required::True) {
-        return;
-    }
-    for content in body.content.values_mut() {
-        if let Some(RefOr::T(Schema::OneOf(one_of))) = &content.schema {
-            if let Some(reference) = one_of.items.iter().find(|s| matches!(s, RefOr::Ref(_))) {
-                content.schema = Some(reference.clone());
-            }
-        }
     }
 }
 

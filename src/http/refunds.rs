@@ -29,8 +29,10 @@ list_page! {
     RefundList { items: Vec<Refund> }
 }
 
-/// Completion takes no body, or `{}`.
+/// Completion takes no body, or `{}`. Named `CompleteRefundRequest` in the
+/// document, as every request schema is (the store has its own).
 #[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = CompleteRefundRequest)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteRefundBody {}
 
