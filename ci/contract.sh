@@ -107,11 +107,15 @@ keys="$entry,$shop_entry" serve console "$console_port" "sqlite://$work/console.
 SCREENSHOT_DIR="$root/target" HOLDFAST_OFFER_CLIENT=plates-web \
   ci/console-e2e.sh "http://127.0.0.1:$console_port" "$token"
 
-# The example storefront (examples/storefront), two buyers in two browser
-# contexts, on an instance with the three kinds of key.
-step "example storefront in headless Chromium"
+# An instance with the three kinds of key: a tour of the API as each role,
+# every answer validated against the document; then the example storefront
+# (examples/storefront), two buyers in two browser contexts.
 storefront_port=18186
 keys="$entry,$shop_entry,$psp_entry" serve storefront "$storefront_port" "sqlite://$work/storefront.db"
+step "every answer of a tour of the API against the document"
+"$venv/bin/python" ci/answers.py "http://127.0.0.1:$storefront_port" "$token" "$shop_token" "$psp_token"
+
+step "example storefront in headless Chromium"
 SCREENSHOT_DIR="$root/target" \
   ci/storefront-e2e.sh "http://127.0.0.1:$storefront_port" "$token" "$shop_token" "$psp_token"
 
