@@ -202,6 +202,11 @@ def hold(ctx, http_, rng, asset_id, buyer, first_port=None, intent="hold"):
     created_at = parse_ts(a.body.get("created_at"))
     if not rid or expires_at is None or created_at is None:
         return a, None
+    if a.status == 200 and op.attempts and created_at < op.attempts[0].t0:
+        # The buyer's own live hold, made before this request: another flow
+        # acts on that reservation, and two flows on one would each judge
+        # the other's changes as unexplained.
+        return a, None
     with ctx.lock:
         ctx.recently_held.append(asset_id)
     return a, Res(rid, asset_id, buyer, created_at, expires_at)
