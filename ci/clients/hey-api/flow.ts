@@ -57,8 +57,6 @@ export function commitUnavailable(problem: CommitUnavailable): string {
       return "nothing was written: retry";
     case "UNKNOWN":
       return "the commit may have happened: retry with the same Idempotency-Key to learn its answer";
-    case undefined:
-      return "no write_outcome: retry with the same Idempotency-Key";
     default: {
       const other: never = problem.write_outcome;
       return `write_outcome ${String(other)}`;
