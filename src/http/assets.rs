@@ -20,6 +20,7 @@ use crate::domain::{
 use crate::reply::{self, ErrorCode, Problem, Reply};
 use crate::store::{
     AssetChange, AssetPage, ChangeOutcome, NewAsset, ReinstateOutcome, WithdrawOutcome,
+    EVENTS_PAGE_DEFAULT, PAGE_DEFAULT,
 };
 
 /// A new asset.
@@ -347,7 +348,7 @@ pub struct ListAssetsQuery {
     pub currency: Option<String>,
     #[serde(flatten)]
     #[param(ignore)]
-    pub page: PageQuery<50>,
+    pub page: PageQuery<PAGE_DEFAULT>,
 }
 
 list_page! {
@@ -367,7 +368,7 @@ list_page! {
              an integer or as `true`/`false` matches only that integer or boolean, one in \
              double quotes only that string, any other VALUE that string.",
          example = json!(["region:B", "digits:4"])),
-        PageQuery<50>
+        PageQuery<PAGE_DEFAULT>
     ),
     responses((status = 200, description = "One page of assets", body = AssetList))
 )]
@@ -489,7 +490,7 @@ list_page! {
 /// reservation, buyer or payment.
 #[utoipa::path(
     tag = "assets",
-    params(AssetPath, PageQuery<500>),
+    params(AssetPath, PageQuery<EVENTS_PAGE_DEFAULT>),
     responses((status = 200, description = "The asset's events", body = EventList))
 )]
 #[get("/v1/assets/{asset_id}/events")]
@@ -497,7 +498,7 @@ pub async fn list_asset_events(
     caller: Caller,
     state: State,
     asset: AssetPath,
-    query: web::Query<PageQuery<500>>,
+    query: web::Query<PageQuery<EVENTS_PAGE_DEFAULT>>,
 ) -> ApiResult {
     let mut v = Validator::default();
     let page = v.page(&query, |n| n.parse::<i64>().ok().filter(|n| *n >= 0));

@@ -11,7 +11,9 @@ use super::paths::RefundPath;
 use super::State;
 use crate::domain::{Refund, RefundId, RefundStatus};
 use crate::reply::{self, Reply};
-use crate::store::{Answer, CompleteRefundOutcome, CompleteRefundRequest, RefundPage};
+use crate::store::{
+    Answer, CompleteRefundOutcome, CompleteRefundRequest, RefundPage, PAGE_DEFAULT,
+};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -21,7 +23,7 @@ pub struct ListRefundsQuery {
     pub status: Option<String>,
     #[serde(flatten)]
     #[param(ignore)]
-    pub page: PageQuery<50>,
+    pub page: PageQuery<PAGE_DEFAULT>,
 }
 
 list_page! {
@@ -39,7 +41,7 @@ pub struct CompleteRefundBody {}
 /// Refunds in creation order (keyset paged), for reconciliation.
 #[utoipa::path(
     tag = "refunds",
-    params(ListRefundsQuery, PageQuery<50>),
+    params(ListRefundsQuery, PageQuery<PAGE_DEFAULT>),
     responses(
         (status = 200, description = "One page of refunds", body = RefundList),
     )

@@ -19,6 +19,7 @@ use crate::reply::{self, Reply};
 use crate::store::{
     Answer, CommitOutcome, CommitRequest, ExtendOutcome, ExtendRequest, HoldOutcome, HoldRequest,
     Idempotency, ReleaseOutcome, ReleaseRequest, ReservationPage, Until, VoidOutcome, VoidRequest,
+    PAGE_DEFAULT,
 };
 
 /// A buyer's request to hold an asset.
@@ -461,7 +462,7 @@ pub struct ListReservationsQuery {
     pub status: Option<String>,
     #[serde(flatten)]
     #[param(ignore)]
-    pub page: PageQuery<50>,
+    pub page: PageQuery<PAGE_DEFAULT>,
 }
 
 list_page! {
@@ -473,7 +474,7 @@ list_page! {
 /// effective status. A storefront key sees the reservations it made.
 #[utoipa::path(
     tag = "reservations",
-    params(ListReservationsQuery, PageQuery<50>),
+    params(ListReservationsQuery, PageQuery<PAGE_DEFAULT>),
     responses((status = 200, description = "One page of reservations", body = ReservationList))
 )]
 #[get("/v1/reservations")]

@@ -418,6 +418,13 @@ pub struct StatusPage<S> {
 
 pub type RefundPage = StatusPage<RefundStatus>;
 
+/// Items in a page of assets, reservations or refunds when the request
+/// names no limit.
+pub const PAGE_DEFAULT: i64 = 50;
+
+/// Items in a page of an asset's events when the request names no limit.
+pub const EVENTS_PAGE_DEFAULT: i64 = 500;
+
 /// Filters and position of one page of assets in id order (bytes of the
 /// id): at most `limit`, after `after`, matching every filter given.
 #[derive(Debug, Clone, Default)]

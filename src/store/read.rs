@@ -166,8 +166,8 @@ fn assets_query(page: &AssetPage, now: Timestamp, postgres: bool, price_as_check
                 l.push(" AND ");
                 lapsed(l);
             });
-            list.push(") lapsed) page ORDER BY page.id LIMIT ")
-                .bind(Bind::BigInt(page.limit));
+            list.push(") lapsed) page ORDER BY page.id")
+                .limit(page.limit);
         }
         Some(AssetStatus::Held) => page_of(&mut list, &|l| {
             if postgres {
@@ -253,8 +253,7 @@ fn one_status(
             .bind(Bind::BigInt(max.amount));
     }
     status(list);
-    list.push(&format!(" ORDER BY {id} LIMIT "))
-        .bind(Bind::BigInt(page.limit));
+    list.push(&format!(" ORDER BY {id}")).limit(page.limit);
 }
 
 /// Assets per effective status (a lapsed hold counts as AVAILABLE, unless
@@ -323,8 +322,8 @@ pub(crate) async fn asset_events(
             read.bind(Bind::Text(id))
                 .push(" AND sequence > ")
                 .bind(Bind::BigInt(after))
-                .push(" ORDER BY sequence LIMIT ")
-                .bind(Bind::BigInt(limit));
+                .push(" ORDER BY sequence")
+                .limit(limit);
             let rows = conn
                 .load_sql::<EventRow>(&read)
                 .await
@@ -464,8 +463,7 @@ pub(crate) async fn reservations_page(
                 }
                 None => {}
             }
-            list.push(" ORDER BY id DESC LIMIT ")
-                .bind(Bind::BigInt(page.limit));
+            list.push(" ORDER BY id DESC").limit(page.limit);
             let rows = conn
                 .load_sql::<ReservationRow>(&list)
                 .await
@@ -488,8 +486,7 @@ pub(crate) async fn refunds_page(store: &Store, page: &RefundPage) -> StoreResul
             if let Some(after) = page.after {
                 list.push(" AND id > ").bind(Bind::Text(after));
             }
-            list.push(" ORDER BY id LIMIT ")
-                .bind(Bind::BigInt(page.limit));
+            list.push(" ORDER BY id").limit(page.limit);
             let rows = conn
                 .load_sql::<RefundRow>(&list)
                 .await
