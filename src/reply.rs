@@ -5,8 +5,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::domain::{
-    format_timestamp, Asset, AssetStatus, FieldError, Payment, PaymentOutcome, Refund,
-    RefundReason, Reservation, Timestamp, WriteOutcome,
+    format_timestamp, Asset, AssetStatus, AssetUnavailable, FieldError, Payment, PaymentOutcome,
+    Refund, RefundReason, Reservation, Timestamp, WriteOutcome,
 };
 use crate::store::{Answer, Render, Rendered};
 
@@ -237,25 +237,20 @@ pub fn reservation_ok(reservation: &Reservation) -> Reply {
 /// all get the same answer: each thread keeps its last rendering and reuses
 /// it while the asset's status and expiry are the same (a pure function of
 /// both, so never stale).
-pub fn asset_unavailable_reply(
-    status: AssetStatus,
-    hold_expires_at: Option<Timestamp>,
-    waitlist_length: i64,
-) -> Reply {
-    type Rendered = ((AssetStatus, Option<Timestamp>, i64), Reply);
+pub fn asset_unavailable_reply(seen: AssetUnavailable) -> Reply {
+    type Rendered = (AssetUnavailable, Reply);
     thread_local! {
         static LAST: std::cell::RefCell<Option<Rendered>> = const { std::cell::RefCell::new(None) };
     }
-    let key = (status, hold_expires_at, waitlist_length);
     LAST.with(|last| {
         let mut last = last.borrow_mut();
         match &*last {
-            Some((seen, reply)) if *seen == key => reply.clone(),
+            Some((last_seen, reply)) if *last_seen == seen => reply.clone(),
             _ => {
-                let reply = asset_unavailable(status, hold_expires_at)
-                    .with("waitlist_length", waitlist_length)
+                let reply = asset_unavailable(seen.status, seen.hold_expires_at)
+                    .with("waitlist_length", seen.waitlist_length)
                     .into_reply();
-                *last = Some((key, reply.clone()));
+                *last = Some((seen, reply.clone()));
                 reply
             }
         }
@@ -516,7 +511,11 @@ mod tests {
             (AssetStatus::Sold, None),
             (AssetStatus::Held, Some(at)),
         ] {
-            let kept = asset_unavailable_reply(status, expiry, 2);
+            let kept = asset_unavailable_reply(AssetUnavailable {
+                status,
+                hold_expires_at: expiry,
+                waitlist_length: 2,
+            });
             let fresh = asset_unavailable(status, expiry).with("waitlist_length", 2);
             assert_eq!(kept, fresh.into_reply());
         }

@@ -16,8 +16,8 @@ pub use ids::{
     ReservationId,
 };
 pub use model::{
-    Asset, AssetStatus, ClearedEntry, DataKind, Event, EventSummary, EventType, Payment,
-    PaymentFate, PaymentOutcome, Refund, RefundReason, RefundStatus, Reservation,
+    Asset, AssetStatus, AssetUnavailable, ClearedEntry, DataKind, Event, EventSummary, EventType,
+    Payment, PaymentFate, PaymentOutcome, Refund, RefundReason, RefundStatus, Reservation,
     ReservationStatus, Via, WaitlistCleared, WaitlistEntry, WaitlistSkipped, WriteOutcome,
 };
 pub use rules::{

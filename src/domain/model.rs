@@ -222,6 +222,16 @@ pub struct WaitlistEntry {
     pub client: String,
 }
 
+/// Why an asset cannot be held or offered now: what a 409
+/// ASSET_UNAVAILABLE tells the buyer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AssetUnavailable {
+    pub status: AssetStatus,
+    pub hold_expires_at: Option<Timestamp>,
+    /// How many buyers wait for it.
+    pub waitlist_length: i64,
+}
+
 /// A one-of-a-kind asset as clients see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct Asset {

@@ -69,6 +69,44 @@ fn payment_reference() -> ObjectBuilder {
 #[serde(deny_unknown_fields)]
 pub struct ReleaseReservationRequest {}
 
+/// How much longer a live hold should run: `hold_seconds` or `expires_at`,
+/// one of the two.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendReservationRequest {
+    /// The hold then lapses this many seconds from now (database clock),
+    /// within HOLDFAST_HOLD_SECONDS_MIN..=HOLDFAST_HOLD_SECONDS_MAX; the whole
+    /// hold may last at most HOLDFAST_HOLD_MAX_TOTAL_SECONDS from its creation
+    /// (an offer: HOLDFAST_OFFER_MAX_DAYS).
+    #[schema(minimum = 30, maximum = 3600, example = 300)]
+    pub hold_seconds: Option<i64>,
+    /// The hold then lapses at this instant (RFC 3339), ahead of now and
+    /// within the same cap from its creation: how an offer is extended to a
+    /// date.
+    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-09T17:00:00Z")]
+    pub expires_at: Option<String>,
+}
+
+/// Voiding takes no body, `{}`, or `{"refund": false}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VoidReservationRequest {
+    /// Give the payment back with a SALE_VOIDED refund (default). False when
+    /// the money already went back, e.g. by a chargeback.
+    #[serde(default = "yes")]
+    pub refund: bool,
+}
+
+impl Default for VoidReservationRequest {
+    fn default() -> Self {
+        Self { refund: true }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
 /// Hold an asset for a buyer. One winner per asset; everyone else gets 409 at once.
 #[utoipa::path(
     tag = "reservations",
@@ -121,14 +159,7 @@ pub async fn hold_asset(
             ("created", reply)
         }
         HoldOutcome::Own(reservation) => ("own", reply::answer(Answer::Changed(&reservation))),
-        HoldOutcome::Unavailable {
-            status,
-            hold_expires_at,
-            waitlist_length,
-        } => (
-            "conflict",
-            reply::asset_unavailable_reply(status, hold_expires_at, waitlist_length),
-        ),
+        HoldOutcome::Unavailable(seen) => ("conflict", reply::asset_unavailable_reply(seen)),
         HoldOutcome::SaleNotOpen { available_from } => (
             "not_open",
             reply::sale_not_open(available_from).into_reply(),
@@ -304,24 +335,6 @@ pub async fn release_reservation(
     })
 }
 
-/// How much longer a live hold should run: `hold_seconds` or `expires_at`,
-/// one of the two.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExtendReservationRequest {
-    /// The hold then lapses this many seconds from now (database clock),
-    /// within HOLDFAST_HOLD_SECONDS_MIN..=HOLDFAST_HOLD_SECONDS_MAX; the whole
-    /// hold may last at most HOLDFAST_HOLD_MAX_TOTAL_SECONDS from its creation
-    /// (an offer: HOLDFAST_OFFER_MAX_DAYS).
-    #[schema(minimum = 30, maximum = 3600, example = 300)]
-    pub hold_seconds: Option<i64>,
-    /// The hold then lapses at this instant (RFC 3339), ahead of now and
-    /// within the same cap from its creation: how an offer is extended to a
-    /// date.
-    #[schema(value_type = Option<String>, format = DateTime, example = "2026-12-09T17:00:00Z")]
-    pub expires_at: Option<String>,
-}
-
 /// Extend a live hold while a slow payment runs.
 ///
 /// One conditional update sets the hold's expiry to now + `hold_seconds`.
@@ -386,26 +399,6 @@ pub async fn extend_reservation(
             reply::hold_extension_limit(&reservation, max_total_seconds).into_reply(),
         ),
     })
-}
-
-/// Voiding takes no body, `{}`, or `{"refund": false}`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct VoidReservationRequest {
-    /// Give the payment back with a SALE_VOIDED refund (default). False when
-    /// the money already went back, e.g. by a chargeback.
-    #[serde(default = "yes")]
-    pub refund: bool,
-}
-
-impl Default for VoidReservationRequest {
-    fn default() -> Self {
-        Self { refund: true }
-    }
-}
-
-fn yes() -> bool {
-    true
 }
 
 /// Undo a sale, for a defaulting bidder or a chargeback.

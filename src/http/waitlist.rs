@@ -24,6 +24,24 @@ pub struct JoinWaitlistRequest {
     pub buyer_id: String,
 }
 
+/// An admin's offer of an asset to a named buyer.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MakeOfferRequest {
+    #[schema(min_length = 1, max_length = 64, example = "bidder-207")]
+    pub buyer_id: String,
+    /// The storefront client that owns the reservation (its API key's
+    /// name; `-` in open mode): it sees it, releases or extends it.
+    #[schema(example = "shop-eu")]
+    pub client: String,
+    /// When the offer lapses (RFC 3339): at least HOLDFAST_HOLD_SECONDS_MIN
+    /// ahead, at most HOLDFAST_OFFER_MAX_DAYS (14 days).
+    #[schema(value_type = String, format = DateTime, example = "2026-12-09T17:00:00Z")]
+    pub expires_at: String,
+    #[schema(schema_with = metadata_schema)]
+    pub metadata: Option<Metadata>,
+}
+
 /// Queue a buyer for an asset held by someone else.
 ///
 /// When the hold ends without a sale (it lapses or is released), the first
@@ -153,24 +171,6 @@ pub async fn leave_waitlist(
     outcome.1
 }
 
-/// An admin's offer of an asset to a named buyer.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MakeOfferRequest {
-    #[schema(min_length = 1, max_length = 64, example = "bidder-207")]
-    pub buyer_id: String,
-    /// The storefront client that owns the reservation (its API key's
-    /// name; `-` in open mode): it sees it, releases or extends it.
-    #[schema(example = "shop-eu")]
-    pub client: String,
-    /// When the offer lapses (RFC 3339): at least HOLDFAST_HOLD_SECONDS_MIN
-    /// ahead, at most HOLDFAST_OFFER_MAX_DAYS (14 days).
-    #[schema(value_type = String, format = DateTime, example = "2026-12-09T17:00:00Z")]
-    pub expires_at: String,
-    #[schema(schema_with = metadata_schema)]
-    pub metadata: Option<Metadata>,
-}
-
 /// Offer an AVAILABLE asset to a named buyer, until an absolute time.
 ///
 /// A HELD reservation for the buyer, owned by the named storefront client:
@@ -229,14 +229,7 @@ pub async fn make_offer(
             tracing::info!(reservation_id = %reservation.reservation_id, "asset offered");
             ("created", reply::answer(Answer::Held(&reservation)))
         }
-        OfferOutcome::Unavailable {
-            status,
-            hold_expires_at,
-            waitlist_length,
-        } => (
-            "conflict",
-            reply::asset_unavailable_reply(status, hold_expires_at, waitlist_length),
-        ),
+        OfferOutcome::Unavailable(seen) => ("conflict", reply::asset_unavailable_reply(seen)),
         OfferOutcome::OutOfRange { earliest, latest } => {
             let message = format!(
                 "must lie from {} to {}",

@@ -8,9 +8,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::domain::{
-    Asset, AssetId, AssetStatus, AttributeValue, Attributes, BuyerId, Event, FieldError,
-    IdempotencyKey, Metadata, Payment, PaymentReference, Price, Refund, RefundId, RefundReason,
-    RefundStatus, Reservation, ReservationId, ReservationStatus, Timestamp, WaitlistEntry,
+    Asset, AssetId, AssetStatus, AssetUnavailable, AttributeValue, Attributes, BuyerId, Event,
+    FieldError, IdempotencyKey, Metadata, Payment, PaymentReference, Price, Refund, RefundId,
+    RefundReason, RefundStatus, Reservation, ReservationId, ReservationStatus, Timestamp,
+    WaitlistEntry,
 };
 
 /// The authenticated caller, as the store needs it.
@@ -158,12 +159,7 @@ pub enum HoldOutcome {
     /// The same buyer of the same client holds it already (live): that
     /// reservation, unchanged.
     Own(Box<Reservation>),
-    Unavailable {
-        status: AssetStatus,
-        hold_expires_at: Option<Timestamp>,
-        /// How many buyers wait for it.
-        waitlist_length: i64,
-    },
+    Unavailable(AssetUnavailable),
     /// The buyer already has the most live holds allowed; nothing changed.
     LimitReached {
         limit: i64,
@@ -191,11 +187,7 @@ pub struct OfferRequest {
 #[derive(Debug)]
 pub enum OfferOutcome {
     Created(Box<Reservation>),
-    Unavailable {
-        status: AssetStatus,
-        hold_expires_at: Option<Timestamp>,
-        waitlist_length: i64,
-    },
+    Unavailable(AssetUnavailable),
     /// `expires_at` must lie within these, by the database's clock.
     OutOfRange {
         earliest: Timestamp,

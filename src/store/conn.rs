@@ -303,17 +303,18 @@ impl Sql {
         self
     }
 
-    /// Appends ` LIMIT` and the number of rows a page reads. The sizes of
-    /// the default pages ([`PAGE_DEFAULT`] and [`EVENTS_PAGE_DEFAULT`], each
-    /// with the one row that tells whether a next page exists) are written
-    /// into the text; any other is bound. PostgreSQL keeps a prepared
-    /// statement's generic plan only when it costs less than a plan made
-    /// for each request, and prices a bound limit as a tenth of the rows:
-    /// on a large catalogue the attribute page was then planned anew for
-    /// every request, its planning costing more than its reads (measured in
-    /// bench/RESULTS.md, section `catalogue`). Other sizes share one
-    /// statement, so a client cycling through limits cannot grow the
-    /// statement cache.
+    /// Appends ` LIMIT` and the number of rows a page reads, for a page
+    /// whose best plan does not depend on the values bound (no price
+    /// bound, say). The sizes of the default pages ([`PAGE_DEFAULT`] and
+    /// [`EVENTS_PAGE_DEFAULT`], each with the one row that tells whether a
+    /// next page exists) are written into the text; any other is bound.
+    /// PostgreSQL keeps a prepared statement's generic plan only when it
+    /// costs less than a plan made for each request, and prices a bound
+    /// limit as a tenth of the rows: on a large catalogue the attribute page
+    /// was then planned anew for every request, its planning costing more
+    /// than its reads (bench/RESULTS.md, section `catalogue`). Other sizes
+    /// share one statement, so a client cycling through limits cannot grow
+    /// the statement cache.
     pub(crate) fn limit(&mut self, rows: i64) -> &mut Self {
         self.push(" LIMIT ");
         if rows == PAGE_DEFAULT + 1 || rows == EVENTS_PAGE_DEFAULT + 1 {

@@ -166,8 +166,8 @@ fn assets_query(page: &AssetPage, now: Timestamp, postgres: bool, price_as_check
                 l.push(" AND ");
                 lapsed(l);
             });
-            list.push(") lapsed) page ORDER BY page.id")
-                .limit(page.limit);
+            list.push(") lapsed) page ORDER BY page.id LIMIT ")
+                .bind(Bind::BigInt(page.limit));
         }
         Some(AssetStatus::Held) => page_of(&mut list, &|l| {
             if postgres {
@@ -253,7 +253,12 @@ fn one_status(
             .bind(Bind::BigInt(max.amount));
     }
     status(list);
-    list.push(&format!(" ORDER BY {id}")).limit(page.limit);
+    list.push(&format!(" ORDER BY {id}"));
+    match page.price_max {
+        // Which plan suits a price filter depends on the price bound.
+        Some(_) => list.push(" LIMIT ").bind(Bind::BigInt(page.limit)),
+        None => list.limit(page.limit),
+    };
 }
 
 /// Assets per effective status (a lapsed hold counts as AVAILABLE, unless
@@ -463,7 +468,8 @@ pub(crate) async fn reservations_page(
                 }
                 None => {}
             }
-            list.push(" ORDER BY id DESC").limit(page.limit);
+            list.push(" ORDER BY id DESC LIMIT ")
+                .bind(Bind::BigInt(page.limit));
             let rows = conn
                 .load_sql::<ReservationRow>(&list)
                 .await
@@ -486,7 +492,8 @@ pub(crate) async fn refunds_page(store: &Store, page: &RefundPage) -> StoreResul
             if let Some(after) = page.after {
                 list.push(" AND id > ").bind(Bind::Text(after));
             }
-            list.push(" ORDER BY id").limit(page.limit);
+            list.push(" ORDER BY id LIMIT ")
+                .bind(Bind::BigInt(page.limit));
             let rows = conn
                 .load_sql::<RefundRow>(&list)
                 .await

@@ -25,8 +25,8 @@ use diesel::QueryableByName;
 use super::expire::{expire_lapsed, Lapsed};
 use super::{answered, contention, Snapshot, MAX_ATTEMPTS};
 use crate::domain::{
-    hold_decision, AssetId, AssetStatus, BuyerId, EventId, EventType, HoldDecision, HoldTarget,
-    Price, Reservation, ReservationStatus, Timestamp,
+    hold_decision, AssetId, AssetStatus, AssetUnavailable, BuyerId, EventId, EventType,
+    HoldDecision, HoldTarget, Price, Reservation, ReservationStatus, Timestamp,
 };
 use crate::store::api::{Answer, HoldOutcome, HoldRequest, Keyed, Rendered};
 use crate::store::conn::Conn;
@@ -68,11 +68,11 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
                 status,
                 hold_expires_at,
             } => {
-                return Ok(Keyed::Done(HoldOutcome::Unavailable {
+                return Ok(Keyed::Done(HoldOutcome::Unavailable(AssetUnavailable {
                     status,
                     hold_expires_at,
                     waitlist_length: seen.waitlist_length,
-                }))
+                })))
             }
             HoldDecision::Reclaim if seen.waitlist_length > 0 => {
                 // Buyers wait for it: the lapsed hold ends here and the first

@@ -168,7 +168,7 @@ impl Target {
                 let (client, reference) = (client.as_deref(), reference.as_deref());
                 let key_client = key.client.as_str();
                 let rows = match conn {
-                    Conn::Pg(_) => {
+                    Conn::Pg(c) => {
                         let query = super::postgres::Prepared(
                             sql_query(pg.as_str())
                                 .bind::<Text, _>(&id)
@@ -177,7 +177,6 @@ impl Target {
                                 .bind::<Nullable<Text>, _>(client)
                                 .bind::<Nullable<Text>, _>(reference),
                         );
-                        let Conn::Pg(c) = conn else { unreachable!() };
                         diesel_async::RunQueryDsl::load::<ReservationSnapshotRow>(query, &mut **c)
                             .await
                     }

@@ -8,7 +8,7 @@
 use super::expire::{expire_lapsed, Lapsed};
 use super::given::{asset_snapshot, give};
 use super::{about, answered, contention, write_after, Keep, MAX_ATTEMPTS};
-use crate::domain::{AssetStatus, EventType, Reservation, Via};
+use crate::domain::{AssetStatus, AssetUnavailable, EventType, Reservation, Via};
 use crate::store::api::{Answer, Keyed, OfferOutcome, OfferRequest};
 use crate::store::db::Store;
 use crate::store::error::{Abort, StoreResult};
@@ -35,11 +35,11 @@ pub(crate) async fn offer(store: &Store, req: &OfferRequest) -> StoreResult<Keye
             return Ok(Keyed::Done(OfferOutcome::OutOfRange { earliest, latest }));
         }
         if seen.status != AssetStatus::Available {
-            return Ok(Keyed::Done(OfferOutcome::Unavailable {
+            return Ok(Keyed::Done(OfferOutcome::Unavailable(AssetUnavailable {
                 status: seen.status,
                 hold_expires_at: seen.hold_expires_at,
                 waitlist_length: seen.waitlist_length,
-            }));
+            })));
         }
         let offered = Reservation {
             metadata: req.metadata.clone(),
