@@ -3,7 +3,7 @@ generated plates (bench/plates.py: 2,000,000 on PostgreSQL, 200,000 on
 SQLite), timed, then again (nothing to do); and the first page of each
 filter of `GET /v1/assets` on that catalogue against the same on 10,000
 plates, p50 and p99 side by side (wrk, 8 connections, the two catalogues
-alternating for four rounds, the median of the rounds), with each query's
+alternating for six rounds, the median of the rounds), with each query's
 plan. Written to bench/RESULTS.md (section
 `catalogue`).
 
@@ -31,7 +31,7 @@ from service import need_wrk, serve  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
 # Rounds of each filter, the two catalogues alternating.
-ROUNDS = 4
+ROUNDS = 6
 SMALL = 10_000
 LARGE = {"postgres": 2_000_000, "sqlite": 200_000}
 

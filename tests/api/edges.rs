@@ -56,8 +56,12 @@ async fn another_clients_reservation_is_indistinguishable_from_none(backend: Bac
     .unwrap();
     let theirs = held["reservation_id"].as_str().unwrap().to_owned();
     let nobody = "res_01HZX49R8T39QK6G7Y1W2V3N4P".to_owned();
-    let mut answers = Vec::new();
-    for id in [&theirs, &nobody, &theirs, &nobody] {
+    // Each read three times, the two interleaved: the same answer every
+    // time, and the same least number of statements (a read that met a busy
+    // database and tried again sends more, whichever reservation it asked for).
+    let mut answers: Vec<(u16, String, Vec<f64>)> = Vec::new();
+    for round in 0..6 {
+        let id = if round % 2 == 0 { &theirs } else { &nobody };
         let before = app.metric("holdfast_db_statements_total ").await;
         let response = send(
             reqwest::Method::GET,
@@ -69,16 +73,24 @@ async fn another_clients_reservation_is_indistinguishable_from_none(backend: Bac
         .unwrap();
         let status = response.status().as_u16();
         let body = response.text().await.unwrap();
-        let after = app.metric("holdfast_db_statements_total ").await;
-        answers.push((status, body, after - before));
+        let statements = app.metric("holdfast_db_statements_total ").await - before;
+        assert!(statements > 0.0, "each read reached the database");
+        match answers.iter_mut().find(|a| a.0 == status && a.1 == body) {
+            Some(same) => same.2.push(statements),
+            None => answers.push((status, body, vec![statements])),
+        }
     }
+    assert_eq!(answers.len(), 1, "one answer for both: {answers:?}");
     assert_eq!(answers[0].0, 404);
-    assert!(
-        answers.iter().all(|a| a.2 > 0.0),
-        "each read reached the database: {answers:?}"
-    );
-    assert_eq!(answers[0], answers[1], "{answers:?}");
-    assert_eq!(answers[2], answers[3], "{answers:?}");
+    let least = |parity: usize| {
+        answers[0]
+            .2
+            .iter()
+            .skip(parity)
+            .step_by(2)
+            .fold(f64::MAX, |a, b| a.min(*b))
+    };
+    assert_eq!(least(0), least(1), "the same work for both: {answers:?}");
     // Its asset shows shop-a no reservation id; shop-b sees its own.
     for (token, visible) in [(&shop_a, false), (&shop_b, true)] {
         let asset: Value = send(reqwest::Method::GET, "/v1/assets/E-1".into(), token, None)
