@@ -1,0 +1,169 @@
+"""The price of holdfast's schema on PostgreSQL: the design's canonical hold
+(bench/canonical_hold.sql) and hold-and-sale (bench/canonical_hold_commit.sql),
+each transaction sent in one round trip (a pgbench pipeline, prepared
+statements, 64 clients), run on the least schema they need
+(bench/minimal_schema.sql: each table with its primary key only) and on
+holdfast's own (`holdfast migrate`), the two alternating for three rounds.
+Measured per transaction: the rate, the WAL written (pg_stat_wal around
+the run) and the share of asset updates made in place (HOT). What the
+second costs more is the price of what holdfast's schema adds; the service
+itself is not involved. Written to bench/RESULTS.md (section
+`schema-price`).
+
+    python3 bench/schema_price.py [--seconds 8] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import sections  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PG = "postgres://postgres@127.0.0.1:5432"
+CLIENTS = 64
+# Room for this many transactions a second per script and run.
+TPS_MAX = 12_000
+HOLD_BODY = ('{"reservation_id":"res_01KB2Q5W7M3N8P4R6T9V0X1Y2Z","asset_id":"M-0-12345",'
+             '"buyer_id":"b-M-0-12345","status":"HELD","expires_at":"2026-12-01T10:10:00.123456Z",'
+             '"created_at":"2026-12-01T10:00:00.123456Z","committed_at":null,"released_at":null,'
+             '"payment_reference":null,"voided_at":null,"refunds":[]}')
+COMMIT_BODY = HOLD_BODY.replace('"HELD"', '"COMMITTED"').replace(
+    '"committed_at":null', '"committed_at":"2026-12-01T10:00:00.234567Z"')
+SCRIPTS = {"hold": "bench/canonical_hold.sql", "hold-commit": "bench/canonical_hold_commit.sql"}
+
+
+def psql(db: str, *sql: str) -> str:
+    args = ["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U",
+            "postgres", "-d", db]
+    for s in sql:
+        args += ["-c", s]
+    return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def seed(db: str, slots: int) -> None:
+    for prefix in ("C", "K"):
+        psql(db, f"INSERT INTO assets (id, name, created_at, updated_at) "
+                 f"SELECT '{prefix}-' || (n * 100 + c), 'lot', now(), now() "
+                 f"FROM generate_series(0, {CLIENTS - 1}) c, generate_series(1, {slots}) n "
+                 "ORDER BY c, n")
+    psql(db, "VACUUM ANALYZE")
+
+
+def pgbench(db: str, script: str, seconds: int, start: int) -> tuple[float, int, int]:
+    """(transactions a second, WAL bytes, asset updates HOT in percent)."""
+    psql(db, "CHECKPOINT")
+    before = psql(db, "SELECT wal_bytes FROM pg_stat_wal",
+                  "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'assets'")
+    out = subprocess.run(
+        ["pgbench", "-n", "-h", "127.0.0.1", "-U", "postgres", "-M", "prepared", "-c", str(CLIENTS),
+         "-j", "2", "-T", str(seconds), "-D", f"n={start}", "-D", f"hold_body={HOLD_BODY}",
+         "-D", f"commit_body={COMMIT_BODY}", "-D", f"fingerprint={'f' * 64}",
+         "-f", os.path.join(ROOT, script), db],
+        capture_output=True, text=True)
+    if out.returncode != 0 or "aborted" in out.stdout + out.stderr:
+        raise SystemExit(f"pgbench {script} on {db}:\n{out.stdout}\n{out.stderr}")
+    time.sleep(1.0)  # the statistics collector's report
+    after = psql(db, "SELECT wal_bytes FROM pg_stat_wal",
+                 "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'assets'")
+    tps = float(re.search(r"tps = ([0-9.]+)", out.stdout).group(1))
+    done = int(re.search(r"number of transactions actually processed: (\d+)", out.stdout).group(1))
+    (wal0, upd0), (wal1, upd1) = before.split("\n", 1), after.split("\n", 1)
+    n0, hot0 = map(int, upd0.split("|"))
+    n1, hot1 = map(int, upd1.split("|"))
+    updates = n1 - n0
+    return tps, round((float(wal1) - float(wal0)) / max(done, 1)), \
+        round(100 * (hot1 - hot0) / updates) if updates else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bin", help="holdfast binary (default: cargo build --release)")
+    args = parser.parse_args()
+    binary = args.bin
+    if not binary:
+        subprocess.run(["cargo", "build", "-q", "--release", "--bin", "holdfast"], cwd=ROOT,
+                       check=True)
+        binary = os.path.join(ROOT, "target/release/holdfast")
+    started = time.monotonic()
+    load = os.getloadavg()[0]
+    # Every round of both scripts takes its own assets: slots per client.
+    per_run = (args.seconds + 2) * TPS_MAX // CLIENTS + 50
+    slots = per_run * args.rounds
+    dbs = {"minimal": f"holdfast_bench_min_{os.getpid()}",
+           "holdfast": f"holdfast_bench_full_{os.getpid()}"}
+    try:
+        for name, db in dbs.items():
+            psql("postgres", f"CREATE DATABASE {db}")
+            if name == "minimal":
+                with open(os.path.join(ROOT, "bench/minimal_schema.sql")) as f:
+                    psql(db, f.read())
+            else:
+                env = dict(os.environ, HOLDFAST_DATABASE_URL=f"{PG}/{db}")
+                subprocess.run([binary, "migrate"], env=env, check=True, capture_output=True)
+            print(f"seeding {name}: {CLIENTS * slots * 2:,} assets", file=sys.stderr)
+            seed(db, slots)
+        runs = {(s, n): [] for s in SCRIPTS for n in dbs}
+        for r in range(args.rounds):
+            for script, path in SCRIPTS.items():
+                for name, db in (list(dbs.items()) if r % 2 == 0 else list(dbs.items())[::-1]):
+                    result = pgbench(db, path, args.seconds, r * per_run)
+                    print(f"round {r + 1} {script} {name}: {result[0]:.0f} tx/s, "
+                          f"{result[1]} B WAL, {result[2]} % HOT", file=sys.stderr)
+                    runs[(script, name)].append(result)
+        indexes = {name: psql(db, "SELECT tablename || ': ' || string_agg(indexname, ', ' "
+                                   "ORDER BY indexname) FROM pg_indexes WHERE schemaname = 'public' "
+                                   "AND tablename IN ('assets', 'reservations', 'events', "
+                                   "'idempotency_keys', 'payments') GROUP BY tablename "
+                                   "ORDER BY tablename")
+                   for name, db in dbs.items()}
+    finally:
+        for db in dbs.values():
+            psql("postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    took = time.monotonic() - started
+    out = [
+        "## The price of holdfast's schema (`bench/schema_price.py`)",
+        "",
+        f"Run on {time.strftime('%Y-%m-%d')}: {os.cpu_count()} CPUs, {platform.platform()}; "
+        f"load average {load:.2f} at the start; took {took:.0f} s. The canonical transactions "
+        f"(bench/canonical_hold.sql, bench/canonical_hold_commit.sql), one round trip each, "
+        f"pgbench with prepared statements and {CLIENTS} clients for {args.seconds} s, on the "
+        f"minimal schema (bench/minimal_schema.sql) and on holdfast's, alternating for "
+        f"{args.rounds} rounds; medians of the rounds. A hold-commit transaction is a hold and "
+        "its sale (two transactions, counted as one).",
+        "",
+        "| transaction | minimal: per second | holdfast's: per second | ratio (rounds) "
+        "| WAL per transaction | asset updates in place (HOT) |",
+        "|---|---:|---:|---|---|---|",
+    ]
+    for script in SCRIPTS:
+        m, h = runs[(script, "minimal")], runs[(script, "holdfast")]
+        ratios = " / ".join(f"{b[0] / a[0]:.2f}" for a, b in zip(m, h))
+        wal_m, wal_h = statistics.median(x[1] for x in m), statistics.median(x[1] for x in h)
+        out.append(
+            f"| {script} | {statistics.median(x[0] for x in m):,.0f} "
+            f"| {statistics.median(x[0] for x in h):,.0f} "
+            f"| {statistics.median(b[0] / a[0] for a, b in zip(m, h)):.2f} ({ratios}) "
+            f"| {wal_m:,.0f} B → {wal_h:,.0f} B ({wal_h / wal_m:.2f}×) "
+            f"| {statistics.median(x[2] for x in m):.0f} % → {statistics.median(x[2] for x in h):.0f} % |")
+    out += ["", "Indexes of the written tables:", ""]
+    for name, text in indexes.items():
+        out += [f"- {name}:"] + [f"  - {line}" for line in text.splitlines()]
+    sections.replace(os.path.join(ROOT, "bench/RESULTS.md"), "schema-price", "\n".join(out))
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
