@@ -16,7 +16,9 @@ use super::FieldError;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Price {
-    /// In minor units (cents), 0 to 10^15.
+    /// In minor units, 0 to 10^15: the currency's ISO 4217 exponent (2 for
+    /// EUR, 0 for JPY) places the decimal point. holdfast compares amounts
+    /// as integers of one currency and never converts or rounds them.
     #[schema(minimum = 0, maximum = 1_000_000_000_000_000_i64, example = 250000)]
     pub amount: i64,
     /// ISO 4217, three upper-case letters.

@@ -328,6 +328,9 @@ pub struct Reservation {
     pub buyer_id: String,
     /// The effective status: a lapsed hold reads EXPIRED.
     pub status: ReservationStatus,
+    /// When the hold lapses, by the database's clock, which decides every
+    /// expiry. A countdown on a device whose clock is off is off by as much:
+    /// the answer's `Date` header gives the service's clock to correct it.
     #[serde(serialize_with = "serde_ts::serialize")]
     #[schema(value_type = String, format = DateTime)]
     pub expires_at: Timestamp,

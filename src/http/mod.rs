@@ -143,8 +143,8 @@ pub struct ProblemBody {
             and no body; it is not listed as an operation of its own.\n\n\
             Browsers on other origins (CORS): the origins listed in `HOLDFAST_CORS_ORIGINS` may \
             call every method the API serves (`GET`, `HEAD`, `POST`, `PATCH`) with the headers \
-            `Authorization`, `Content-Type`, `Idempotency-Key` and `X-Request-Id`; `Location`, \
-            `Idempotent-Replayed`, `Retry-After` and `X-Request-Id` are exposed. Preflights are \
+            `Authorization`, `Content-Type`, `Idempotency-Key` and `X-Request-Id`; `Date`, \
+            `Location`, `Idempotent-Replayed`, `Retry-After` and `X-Request-Id` are exposed. Preflights are \
             answered without credentials; one from another origin, or for another method or \
             header, is `403 FORBIDDEN`. Without the setting no origin is allowed.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
@@ -258,6 +258,8 @@ fn cors(origins: Option<&[String]>, methods: &[Method]) -> Option<actix_cors::Co
             header::HeaderName::from_static("x-request-id"),
         ])
         .expose_headers([
+            // The service's clock, for a countdown to a hold's expiry.
+            header::DATE,
             header::LOCATION,
             header::RETRY_AFTER,
             header::HeaderName::from_static("idempotent-replayed"),

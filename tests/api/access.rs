@@ -464,7 +464,7 @@ async fn cors_is_answered_for_configured_origins_only() {
         .to_str()
         .unwrap()
         .to_lowercase();
-    for header in ["location", "idempotent-replayed", "retry-after"] {
+    for header in ["location", "idempotent-replayed", "retry-after", "date"] {
         assert!(exposed.contains(header), "{exposed}");
     }
     let foreign = app
