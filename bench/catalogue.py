@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
-from service import need_wrk, serve  # noqa: E402
+from service import need_wrk, psql, serve  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
@@ -66,11 +66,6 @@ FILTERS = [
 
 def run(cmd, **kw):
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
-
-
-def psql(sql: str, db: str = "postgres") -> str:
-    return run(["psql", "-X", "-q", "-At", "-h", "127.0.0.1", "-U", "postgres", "-d", db,
-                "-c", sql]).stdout.strip()
 
 
 def imported(binary: str, url: str, path: str) -> tuple[float, str]:

@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
-from service import need_wrk, serve  # noqa: E402
+from service import need_wrk, psql, serve  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
@@ -43,12 +43,6 @@ EXPECTED = {"hot-held": {"409"}, "hot-sold": {"409"}, "replay": {"200"},
 # Assets each wrk thread may write in one run of a writing scenario.
 PER_THREAD_SECOND = 5000
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def psql(sql: str, db: str = "postgres") -> str:
-    return subprocess.run(["psql", "-X", "-q", "-At", "-h", "127.0.0.1", "-U", "postgres",
-                           "-d", db, "-c", sql], check=True, capture_output=True,
-                          text=True).stdout.strip()
 
 
 def build(base: str) -> tuple[str, str]:

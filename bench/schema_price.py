@@ -26,6 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
+from service import psql  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
@@ -41,28 +42,27 @@ COMMIT_BODY = HOLD_BODY.replace('"HELD"', '"COMMITTED"').replace(
 SCRIPTS = {"hold": "bench/canonical_hold.sql", "hold-commit": "bench/canonical_hold_commit.sql"}
 
 
-def psql(db: str, *sql: str) -> str:
-    args = ["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U",
-            "postgres", "-d", db]
-    for s in sql:
-        args += ["-c", s]
-    return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def seed(db: str, slots: int) -> None:
     for prefix in ("C", "K"):
-        psql(db, f"INSERT INTO assets (id, name, created_at, updated_at) "
-                 f"SELECT '{prefix}-' || (n * 100 + c), 'lot', now(), now() "
-                 f"FROM generate_series(0, {CLIENTS - 1}) c, generate_series(1, {slots}) n "
-                 "ORDER BY c, n")
-    psql(db, "VACUUM ANALYZE")
+        psql(f"INSERT INTO assets (id, name, created_at, updated_at) "
+             f"SELECT '{prefix}-' || (n * 100 + c), 'lot', now(), now() "
+             f"FROM generate_series(0, {CLIENTS - 1}) c, generate_series(1, {slots}) n "
+             "ORDER BY c, n", db)
+    psql("VACUUM ANALYZE", db)
+
+
+def counters(db: str) -> tuple[int, int, int]:
+    """WAL bytes written so far, and the assets' updates and HOT updates."""
+    wal = int(float(psql("SELECT wal_bytes FROM pg_stat_wal", db)))
+    updates, hot = psql("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                        "WHERE relname = 'assets'", db).split("|")
+    return wal, int(updates), int(hot)
 
 
 def pgbench(db: str, script: str, seconds: int, start: int) -> tuple[float, int, int]:
     """(transactions a second, WAL bytes, asset updates HOT in percent)."""
-    psql(db, "CHECKPOINT")
-    before = psql(db, "SELECT wal_bytes FROM pg_stat_wal",
-                  "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'assets'")
+    psql("CHECKPOINT", db)
+    before = counters(db)
     out = subprocess.run(
         ["pgbench", "-n", "-h", "127.0.0.1", "-U", "postgres", "-M", "prepared", "-c", str(CLIENTS),
          "-j", "2", "-T", str(seconds), "-D", f"n={start}", "-D", f"hold_body={HOLD_BODY}",
@@ -72,15 +72,12 @@ def pgbench(db: str, script: str, seconds: int, start: int) -> tuple[float, int,
     if out.returncode != 0 or "aborted" in out.stdout + out.stderr:
         raise SystemExit(f"pgbench {script} on {db}:\n{out.stdout}\n{out.stderr}")
     time.sleep(1.0)  # the statistics collector's report
-    after = psql(db, "SELECT wal_bytes FROM pg_stat_wal",
-                 "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'assets'")
+    after = counters(db)
     tps = float(re.search(r"tps = ([0-9.]+)", out.stdout).group(1))
     done = int(re.search(r"number of transactions actually processed: (\d+)", out.stdout).group(1))
-    (wal0, upd0), (wal1, upd1) = before.split("\n", 1), after.split("\n", 1)
-    n0, hot0 = map(int, upd0.split("|"))
-    n1, hot1 = map(int, upd1.split("|"))
+    (wal0, n0, hot0), (wal1, n1, hot1) = before, after
     updates = n1 - n0
-    return tps, round((float(wal1) - float(wal0)) / max(done, 1)), \
+    return tps, round((wal1 - wal0) / max(done, 1)), \
         round(100 * (hot1 - hot0) / updates) if updates else 0
 
 
@@ -105,10 +102,10 @@ def main() -> int:
            "holdfast": f"holdfast_bench_full_{os.getpid()}"}
     try:
         for name, db in dbs.items():
-            psql("postgres", f"CREATE DATABASE {db}")
+            psql(f"CREATE DATABASE {db}")
             if name == "minimal":
                 with open(os.path.join(ROOT, "bench/minimal_schema.sql")) as f:
-                    psql(db, f.read())
+                    psql(f.read(), db)
             else:
                 env = dict(os.environ, HOLDFAST_DATABASE_URL=f"{PG}/{db}")
                 subprocess.run([binary, "migrate"], env=env, check=True, capture_output=True)
@@ -122,15 +119,15 @@ def main() -> int:
                     print(f"round {r + 1} {script} {name}: {result[0]:.0f} tx/s, "
                           f"{result[1]} B WAL, {result[2]} % HOT", file=sys.stderr)
                     runs[(script, name)].append(result)
-        indexes = {name: psql(db, "SELECT tablename || ': ' || string_agg(indexname, ', ' "
+        indexes = {name: psql("SELECT tablename || ': ' || string_agg(indexname, ', ' "
                                    "ORDER BY indexname) FROM pg_indexes WHERE schemaname = 'public' "
                                    "AND tablename IN ('assets', 'reservations', 'events', "
                                    "'idempotency_keys', 'payments') GROUP BY tablename "
-                                   "ORDER BY tablename")
+                                   "ORDER BY tablename", db)
                    for name, db in dbs.items()}
     finally:
         for db in dbs.values():
-            psql("postgres", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+            psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     took = time.monotonic() - started
     out = [
         "## The price of holdfast's schema (`bench/schema_price.py`)",

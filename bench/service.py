@@ -1,4 +1,4 @@
-"""Starting a holdfast service for a benchmark script."""
+"""Starting a holdfast service for a benchmark script, and its database."""
 
 from __future__ import annotations
 
@@ -34,3 +34,11 @@ def need_wrk() -> None:
     print("installing wrk", flush=True)
     subprocess.run(["sh", "-c", "apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive "
                     "apt-get install -y -qq wrk >/dev/null"], check=True)
+
+
+def psql(sql: str, db: str = "postgres") -> str:
+    """The rows `sql` answers on database `db`, unaligned, `|` between columns;
+    a failed statement raises."""
+    return subprocess.run(["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1",
+                           "-U", "postgres", "-d", db, "-c", sql], check=True, capture_output=True,
+                          text=True).stdout.strip()

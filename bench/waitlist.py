@@ -31,17 +31,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
-from service import need_wrk, serve  # noqa: E402
+from service import need_wrk, psql, serve  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
 PORT = 18321
-
-
-def psql(sql: str, db: str = "postgres") -> str:
-    return subprocess.run(["psql", "-X", "-q", "-At", "-h", "127.0.0.1", "-U", "postgres",
-                           "-d", db, "-c", sql], check=True, capture_output=True,
-                          text=True).stdout.strip()
 
 
 class Api:
