@@ -112,6 +112,16 @@ pub const METRICS: &[(&str, &str)] = &[
         (several requests' reads may share one).",
     ),
     (
+        "holdfast_sqlite_commits_total",
+        "SQLite commits of write transactions, each shared by the \
+        writes queued together (group commit).",
+    ),
+    (
+        "holdfast_sqlite_grouped_writes_total",
+        "SQLite writes committed or rolled back in a shared \
+        transaction; divided by the commits, the writes per commit.",
+    ),
+    (
         "holdfast_db_errors_total",
         "Database failures answered 503 or 500, by kind: timeout, \
         unavailable, other.",

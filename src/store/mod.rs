@@ -26,6 +26,7 @@ mod conn;
 mod db;
 mod error;
 mod feed;
+mod grouped;
 mod home;
 mod outcome;
 mod plans;

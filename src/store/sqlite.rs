@@ -1,6 +1,8 @@
 //! SQLite, the embedded default: diesel with the bundled library, an r2d2
 //! pool of readers and a single writer connection, WAL, and `BEGIN IMMEDIATE`
-//! for every write transaction. All work runs on blocking threads. The
+//! for every write transaction, which concurrent writes share (group commit,
+//! [`super::grouped`]). Reads run on blocking threads, writes on the writer's
+//! own. The
 //! process clock is this database's clock. This module opens the pools, runs
 //! work on them, and backs the database up and restores it; the statements
 //! themselves are in the transition and read modules.
@@ -22,6 +24,7 @@ use tokio::sync::Semaphore;
 use super::api::{PoolStatus, SqliteSynchronous, StoreSettings};
 use super::error::{Abort, Context};
 use super::error::{StoreError, StoreResult};
+use super::grouped::Committer;
 use super::home::Home;
 use super::rows::Count;
 use crate::domain::Timestamp;
@@ -58,8 +61,10 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for Pragmas {
 #[derive(Clone)]
 pub struct SqliteStore {
     readers: Lane,
-    /// One connection: writers queue here instead of spinning on SQLite's lock.
+    /// One connection, for migrations and settings; writes reach it through
+    /// `commits`, and queue there instead of spinning on SQLite's lock.
     writer: Lane,
+    commits: Committer,
     path: PathBuf,
     synchronous: SqliteSynchronous,
 }
@@ -95,9 +100,11 @@ impl SqliteStore {
         // The writer opens first, so WAL is on before readers arrive.
         let writer = pool(1)?;
         let readers = pool(settings.pool_size)?;
+        let commits = Committer::start(writer.pool.clone(), settings.acquire_timeout)?;
         Ok(Self {
             readers,
             writer,
+            commits,
             path,
             synchronous: settings.sqlite_synchronous,
         })
@@ -151,9 +158,10 @@ impl SqliteStore {
         run(&self.readers, context, work).await
     }
 
-    /// Runs `work` in a `BEGIN IMMEDIATE` transaction on the writer. The
-    /// work goes on on its blocking thread even when the call gives up: it
-    /// commits only if the call's gate is still open, else it rolls back.
+    /// Runs `work` in a `BEGIN IMMEDIATE` transaction on the writer, shared
+    /// with the writes queued beside it, each in a savepoint of its own. The
+    /// work goes on on the writer's thread even when the call gives up: it is
+    /// kept only if the call's gate is still open, else it rolls back.
     pub(crate) async fn write<T, F>(
         &self,
         context: &'static str,
@@ -163,25 +171,9 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut SqliteConnection) -> Result<T, Abort> + Send + 'static,
     {
-        let gate = super::outcome::current();
-        run(&self.writer, context, move |conn| {
-            let mut opened = false;
-            let result = conn.immediate_transaction(|c| {
-                let value = work(c)?;
-                if let Some(gate) = &gate {
-                    if !gate.open_commit() {
-                        return Err(Abort::Abandoned);
-                    }
-                    opened = true;
-                }
-                Ok(value)
-            });
-            if let (true, Some(gate), Ok(_)) = (opened, &gate, &result) {
-                gate.close_commit(Ok(()), crate::domain::WriteOutcome::NotApplied);
-            }
-            Ok(result)
-        })
-        .await
+        self.commits
+            .write(context, super::outcome::current(), work)
+            .await
     }
 
     pub async fn migrate(&self) -> StoreResult<()> {
