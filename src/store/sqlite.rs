@@ -43,6 +43,10 @@ pub(crate) fn clock() -> Timestamp {
 struct Pragmas {
     busy_timeout: Duration,
     synchronous: &'static str,
+    /// `temp_store`: the writer keeps the journal of each write's savepoint
+    /// in memory (group commit), where a file would cost a system call for
+    /// every page a write first changes.
+    temp_store: &'static str,
 }
 
 impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for Pragmas {
@@ -50,9 +54,10 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for Pragmas {
         conn.set_instrumentation(super::outcome::statement_counter());
         conn.batch_execute(&format!(
             "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = {}; \
-             PRAGMA foreign_keys = ON;",
+             PRAGMA foreign_keys = ON; PRAGMA temp_store = {};",
             self.busy_timeout.as_millis(),
-            self.synchronous
+            self.synchronous,
+            self.temp_store
         ))
         .map_err(diesel::r2d2::Error::QueryError)
     }
@@ -77,7 +82,7 @@ impl SqliteStore {
             std::fs::create_dir_all(dir)
                 .map_err(|e| StoreError::Config(format!("cannot create {}: {e}", dir.display())))?;
         }
-        let pool = |size: usize| {
+        let pool = |size: usize, temp_store: &'static str| {
             let pool = Pool::builder()
                 .max_size(u32::try_from(size).unwrap_or(u32::MAX))
                 .min_idle(Some(1))
@@ -85,6 +90,7 @@ impl SqliteStore {
                 .connection_customizer(Box::new(Pragmas {
                     busy_timeout: settings.lock_timeout,
                     synchronous: settings.sqlite_synchronous.as_pragma(),
+                    temp_store,
                 }))
                 .build(ConnectionManager::<SqliteConnection>::new(
                     path.display().to_string(),
@@ -98,8 +104,8 @@ impl SqliteStore {
             })
         };
         // The writer opens first, so WAL is on before readers arrive.
-        let writer = pool(1)?;
-        let readers = pool(settings.pool_size)?;
+        let writer = pool(1, "MEMORY")?;
+        let readers = pool(settings.pool_size, "DEFAULT")?;
         let commits = Committer::start(writer.pool.clone(), settings.acquire_timeout)?;
         Ok(Self {
             readers,

@@ -29,8 +29,7 @@ pub(crate) mod waitlist;
 use std::sync::LazyLock;
 
 use diesel::sql_query;
-use diesel::sql_types::{Nullable, Text};
-use diesel::ExpressionMethods;
+use diesel::sql_types::{Integer, Nullable, Text};
 
 use super::api::{Client, Idempotency, Keyed, Rendered};
 use super::conn::Conn;
@@ -40,7 +39,7 @@ use super::error::Context;
 use super::error::{StoreError, StoreResult};
 use super::rows::{NewEvent, ReservationSnapshotRow};
 pub(crate) use super::rows::{Snapshot, StoredAnswer};
-use super::schema::{idempotency_keys, At};
+use super::schema::Instant;
 use crate::domain::{EventType, PaymentFate, Reservation, ReservationId, Timestamp};
 
 /// The clock `now` and the answer kept under `idempotency`, if any, read
@@ -313,16 +312,19 @@ pub(crate) async fn store_answer(
         answer,
         reservation_id,
     } = keep;
-    let insert = diesel::insert_into(idempotency_keys::table).values((
-        idempotency_keys::client.eq(&idempotency.client),
-        idempotency_keys::key.eq(idempotency.key.as_str()),
-        idempotency_keys::fingerprint.eq(&idempotency.fingerprint),
-        idempotency_keys::status_code.eq(i32::from(answer.status)),
-        idempotency_keys::body.eq(&answer.body),
-        idempotency_keys::location.eq(answer.location.as_deref()),
-        idempotency_keys::reservation_id.eq(reservation_id),
-        idempotency_keys::created_at.eq(At(now)),
-    ));
+    let insert = sql_query(
+        "INSERT INTO idempotency_keys \
+             (client, key, fingerprint, status_code, body, location, reservation_id, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind::<Text, _>(&idempotency.client)
+    .bind::<Text, _>(idempotency.key.as_str())
+    .bind::<Text, _>(&idempotency.fingerprint)
+    .bind::<Integer, _>(i32::from(answer.status))
+    .bind::<Text, _>(&answer.body)
+    .bind::<Nullable<Text>, _>(answer.location.as_deref())
+    .bind::<Nullable<Text>, _>(reservation_id)
+    .bind::<Instant, _>(now);
     conn.execute(insert).await.context("store the answer")?;
     Ok(())
 }
