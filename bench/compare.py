@@ -62,6 +62,21 @@ def build(base: str) -> tuple[str, str]:
             os.path.join(head_target, "release", "holdfast"))
 
 
+def builds(args: argparse.Namespace) -> tuple[str, str, str, str]:
+    """BASE's and the working tree's binaries (`--base-bin` and `--head-bin`
+    when both are given, else built), HEAD's short hash, and the name of the
+    working tree's build (the hash, "with changes" when the tree has some)."""
+    if args.base_bin and args.head_bin:
+        base_bin, head_bin = args.base_bin, args.head_bin
+    else:
+        base_bin, head_bin = build(args.base)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return base_bin, head_bin, head, head + (" with changes" if dirty else "")
+
+
 def cpu_seconds(pids: list[int]) -> float:
     total = 0
     for pid in pids:
@@ -197,15 +212,7 @@ def main() -> int:
     need_wrk()
     started = time.time()
     scenarios = [s for s in SCENARIOS if args.writes or s not in COUNTED]
-    if args.base_bin and args.head_bin:
-        base_bin, head_bin = args.base_bin, args.head_bin
-    else:
-        base_bin, head_bin = build(args.base)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    head_name = head + (" with changes" if dirty else "")
+    base_bin, head_bin, head, head_name = builds(args)
     with tempfile.TemporaryDirectory() as work:
         writing = args.rounds if args.writes else 0
         sides = [Side("base", base_bin, 18411, work, args.assets, writing, args.seconds)]

@@ -33,7 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
-from compare import build, cpu_seconds  # noqa: E402
+from compare import builds, cpu_seconds  # noqa: E402
 from service import need_wrk, serve  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,15 +152,7 @@ def main() -> int:
     args = parser.parse_args()
     need_wrk()
     started = time.time()
-    if args.base_bin and args.head_bin:
-        base_bin, head_bin = args.base_bin, args.head_bin
-    else:
-        base_bin, head_bin = build(args.base)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    head_name = head + (" with changes" if dirty else "")
+    base_bin, head_bin, _, head_name = builds(args)
     with tempfile.TemporaryDirectory() as work:
         sides = [Side("base", base_bin, 18421, work, args.rounds, args.seconds)]
         try:
