@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
-from service import need_wrk, psql, serve  # noqa: E402
+from service import need_wrk, psql, serve, wrk  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
@@ -166,20 +166,13 @@ class Side:
         pg = postgres_pids()
         x0, p0, s0 = commits(self.db), cpu_seconds(pg), cpu_seconds([self.proc.pid])
         u0 = asset_updates(self.db)
-        out = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "-s",
-                              os.path.join(ROOT, "bench/load.lua"),
-                              f"http://127.0.0.1:{self.port}"], check=True, capture_output=True,
-                             text=True, env=env).stdout
+        run = wrk(self.port, dict(env, BENCH_WRK_SECONDS=str(seconds)), EXPECTED[scenario])
         p1, s1 = cpu_seconds(pg), cpu_seconds([self.proc.pid])
         time.sleep(1.5)  # the statistics of the last transactions arrive
         x1 = commits(self.db)
         u1 = asset_updates(self.db)
-        n = int(re.search(r"(\d+) requests in", out).group(1))
-        took = float(re.search(r"seconds=([\d.]+)", out).group(1))
-        statuses = dict(re.findall(r" (\d+)=(\d+)", re.search(r"^STATUSES.*$", out,
-                                                               re.M).group(0)))
-        bad = sum(int(c) for s, c in statuses.items() if s not in EXPECTED[scenario])
-        done = int(statuses.get(COUNTED[scenario], 0)) if scenario in COUNTED else n
+        n, took, bad = run["requests"], run["seconds"], run["bad"]
+        done = int(run["statuses"].get(COUNTED[scenario], 0)) if scenario in COUNTED else n
         return {"rps": done / took,
                 "pg_us": (p1 - p0) / n * 1e6, "server_us": (s1 - s0) / n * 1e6,
                 "xacts": (x1 - x0) / n, "bad": bad,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import subprocess
 import time
 
@@ -25,6 +26,23 @@ def serve(binary: str, url: str, port: int, log: str, **settings: str) -> subpro
             time.sleep(0.05)
     proc.kill()
     raise SystemExit(f"the service did not start: see {log}")
+
+
+def wrk(port: int, env: dict, expected: set[str], threads: int = 2) -> dict:
+    """One wrk run of bench/load.lua at 64 connections against the service on
+    `port`, with `env` (BENCH_MODE and the rest, and the duration in
+    BENCH_WRK_SECONDS): its requests, seconds, p99 (ms), the count of each
+    status, and how many answers were none of `expected`."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run(["wrk", f"-t{threads}", "-c64", f"-d{env['BENCH_WRK_SECONDS']}s", "-s",
+                          os.path.join(root, "bench/load.lua"), f"http://127.0.0.1:{port}"],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    statuses = dict(re.findall(r" (\d+)=(\d+)", re.search(r"^STATUSES.*$", out, re.M).group(0)))
+    return {"requests": int(re.search(r"(\d+) requests in", out).group(1)),
+            "seconds": float(re.search(r"seconds=([\d.]+)", out).group(1)),
+            "p99": int(re.search(r"p99=(\d+)", out).group(1)) / 1000,
+            "statuses": statuses,
+            "bad": sum(int(c) for st, c in statuses.items() if st not in expected)}
 
 
 def need_wrk() -> None:

@@ -23,7 +23,6 @@ import argparse
 import datetime
 import os
 import platform
-import re
 import sqlite3
 import statistics
 import subprocess
@@ -34,7 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
 from compare import builds, cpu_seconds  # noqa: E402
-from service import need_wrk, serve  # noqa: E402
+from service import need_wrk, serve, wrk  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THREADS = 2
@@ -84,19 +83,10 @@ class Side:
         checkpoint(self.path)
         env = dict(os.environ, BENCH_MODE=mode, BENCH_PREFIX=f"R{round_}")
         s0 = cpu_seconds([self.proc.pid])
-        out = subprocess.run(["wrk", f"-t{THREADS}", "-c64", f"-d{seconds}s", "-s",
-                              os.path.join(ROOT, "bench/load.lua"),
-                              f"http://127.0.0.1:{self.port}"], check=True, capture_output=True,
-                             text=True, env=env).stdout
+        run = wrk(self.port, dict(env, BENCH_WRK_SECONDS=str(seconds)), expected, THREADS)
         s1 = cpu_seconds([self.proc.pid])
-        n = int(re.search(r"(\d+) requests in", out).group(1))
-        took = float(re.search(r"seconds=([\d.]+)", out).group(1))
-        p99 = int(re.search(r"p99=(\d+)", out).group(1)) / 1000
-        statuses = dict(re.findall(r" (\d+)=(\d+)", re.search(r"^STATUSES.*$", out,
-                                                               re.M).group(0)))
-        bad = sum(int(c) for s, c in statuses.items() if s not in expected)
-        return {"rps": int(statuses.get(counted, 0)) / took, "p99": p99,
-                "server_us": (s1 - s0) / n * 1e6, "bad": bad}
+        return {"rps": int(run["statuses"].get(counted, 0)) / run["seconds"], "p99": run["p99"],
+                "server_us": (s1 - s0) / run["requests"] * 1e6, "bad": run["bad"]}
 
     def stop(self) -> None:
         self.proc.terminate()
