@@ -151,6 +151,19 @@ macro_rules! ulid_id {
                 Self(Ulid::new())
             }
 
+            /// A new id whose time is `at` (the database's clock), not this
+            /// process's: ids then sort as their rows' creation times do.
+            pub fn at(at: chrono::DateTime<chrono::Utc>) -> Self {
+                Self(Ulid::from_datetime(at.into()))
+            }
+
+            /// The least id that [`Self::at`] can make at `at` or later: a
+            /// range of ids from it is a range of creation times.
+            pub fn floor(at: chrono::DateTime<chrono::Utc>) -> Self {
+                let ms = u64::try_from(at.timestamp_millis()).unwrap_or_default();
+                Self(Ulid::from_parts(ms, 0))
+            }
+
             /// Accepts exactly the prefix followed by a 26-character ULID.
             pub fn parse(s: &str) -> Option<Self> {
                 let rest = s.strip_prefix($prefix)?;
@@ -217,6 +230,19 @@ mod tests {
         assert_eq!(ReservationId::parse(&text), Some(id));
         assert_eq!(ReservationId::parse(&text.replace("res_", "rf_")), None);
         assert_eq!(ReservationId::parse("res_short"), None);
+    }
+
+    #[test]
+    fn ids_made_at_a_time_sort_from_its_floor() {
+        let t0 = chrono::DateTime::from_timestamp_millis(1_790_000_000_123).unwrap();
+        let t1 = t0 + chrono::Duration::milliseconds(1);
+        let floor = ReservationId::floor(t1).to_string();
+        for _ in 0..50 {
+            assert!(ReservationId::at(t0).to_string() < floor);
+            assert!(ReservationId::at(t1).to_string() >= floor);
+        }
+        let id = ReservationId::at(t0);
+        assert_eq!(ReservationId::parse(&id.to_string()), Some(id));
     }
 
     #[test]

@@ -384,7 +384,8 @@ fn reservation_id() -> ObjectBuilder {
 
 impl Reservation {
     /// A new hold of `asset` for `buyer`, made by `client` at `now`, under
-    /// a new id.
+    /// a new id made at `now` (so that a buyer's live holds are found among
+    /// the ids of the last hours: [`ReservationId::floor`]).
     pub fn held(
         asset: &impl std::fmt::Display,
         buyer: &impl std::fmt::Display,
@@ -393,7 +394,7 @@ impl Reservation {
         expires_at: Timestamp,
     ) -> Self {
         Self {
-            reservation_id: ReservationId::generate().to_string(),
+            reservation_id: ReservationId::at(now).to_string(),
             asset_id: asset.to_string(),
             buyer_id: buyer.to_string(),
             status: ReservationStatus::Held,

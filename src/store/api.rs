@@ -141,6 +141,24 @@ impl Default for Policy {
     }
 }
 
+impl Policy {
+    /// The least reservation id a hold live at `at` can have. A hold lasts
+    /// at most `hold_max_total_seconds` from its creation (a waiter's hold
+    /// `waitlist_hold_seconds`), and its id is made at its creation
+    /// ([`ReservationId::at`]), so that the buyer's live holds are a range of
+    /// `reservations_buyer_idx` (buyer, id) as short as the buyer's last
+    /// hours, however long the buyer's history. A day more covers ids made by
+    /// an application server's clock before ids took the database's, and a
+    /// longest hold shortened by a restart since.
+    pub fn live_holds_since(&self, at: Timestamp) -> String {
+        let longest = self.hold_max_total_seconds.max(self.waitlist_hold_seconds);
+        let since = chrono::Duration::try_seconds(longest.saturating_add(86_400))
+            .and_then(|span| at.checked_sub_signed(span))
+            .unwrap_or(chrono::DateTime::UNIX_EPOCH);
+        ReservationId::floor(since).to_string()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct HoldRequest {
     pub asset_id: AssetId,

@@ -28,8 +28,8 @@ use crate::domain::{
     hold_decision, AssetId, AssetStatus, AssetUnavailable, BuyerId, EventId, EventType,
     HoldDecision, HoldTarget, Price, Reservation, ReservationStatus, Timestamp,
 };
-use crate::store::api::{Answer, HoldOutcome, HoldRequest, Keyed, Rendered};
-use crate::store::conn::Conn;
+use crate::store::api::{Answer, HoldOutcome, HoldRequest, Keyed, Policy, Rendered};
+use crate::store::conn::{Bind, Conn, Sql};
 use crate::store::db::Store;
 use crate::store::error::{Abort, Context};
 use crate::store::error::{StoreError, StoreResult};
@@ -103,7 +103,7 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
             reservation,
             event_id: EventId::generate().to_string(),
             request: req.clone(),
-            max_live_holds: store.policy().max_live_holds,
+            policy: store.policy().clone(),
             displaced,
         };
         let claimed = match store.postgres() {
@@ -126,7 +126,7 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
                 ))))
             }
             Some((Claim::LimitReached, draft)) => {
-                let limit = draft.max_live_holds.unwrap_or_default();
+                let limit = draft.policy.max_live_holds.unwrap_or_default();
                 return Ok(Keyed::Done(HoldOutcome::LimitReached { limit }));
             }
             Some((Claim::Taken, _)) | None => continue,
@@ -226,13 +226,46 @@ async fn displaced(store: &Store, id: &str, now: Timestamp) -> StoreResult<Optio
     }))
 }
 
+/// Whether `client`'s `buyer` already has the most live holds `policy`
+/// allows at `now` (offers do not count; `false` without a limit). The
+/// hold on SQLite and the hand-off to a waiter ask it; on PostgreSQL
+/// `hold_asset` asks the same, under the buyer's lock. The holds live at
+/// `now` are among the buyer's ids since [`Policy::live_holds_since`], a
+/// range of `reservations_buyer_idx`.
+pub(super) async fn at_limit(
+    conn: &mut Conn<'_>,
+    client: &str,
+    buyer: &str,
+    now: Timestamp,
+    policy: &Policy,
+) -> StoreResult<bool> {
+    let Some(limit) = policy.max_live_holds else {
+        return Ok(false);
+    };
+    let mut count = Sql::new("SELECT count(*) AS n FROM reservations WHERE buyer_id = ");
+    count
+        .bind(Bind::Text(buyer.to_owned()))
+        .push(" AND id >= ")
+        .bind(Bind::Text(policy.live_holds_since(now)))
+        .push(" AND client = ")
+        .bind(Bind::Text(client.to_owned()))
+        .push(" AND status = 'HELD' AND expires_at > ")
+        .bind(Bind::At(now))
+        .push(" AND (via IS NULL OR via <> 'offer')");
+    let live = conn
+        .load_sql::<Count>(&count)
+        .await
+        .context("count the buyer's live holds")?;
+    Ok(live.first().is_some_and(|c| c.n >= limit))
+}
+
 /// A hold ready to be written.
 struct Draft {
     request: HoldRequest,
     reservation: Reservation,
     answer: Rendered,
     event_id: String,
-    max_live_holds: Option<i64>,
+    policy: Policy,
     displaced: Option<Displaced>,
 }
 
@@ -256,7 +289,7 @@ WITH hold AS (
                       fingerprint => $10, status_code => $11, location => $12, client => $13,
                       max_live_holds => $14, displaced => $15, displaced_event_id => $16,
                       displaced_data => $17, price_amount => $18, price_currency => $19,
-                      metadata => $20)
+                      metadata => $20, live_since => $21)
 )
 SELECT claimed, limit_reached FROM hold";
 
@@ -302,13 +335,14 @@ impl Draft {
                 .bind::<Integer, _>(i32::from(self.answer.status))
                 .bind::<Nullable<Text>, _>(self.answer.location.as_deref())
                 .bind::<Text, _>(&r.client)
-                .bind::<Nullable<BigInt>, _>(self.max_live_holds)
+                .bind::<Nullable<BigInt>, _>(self.policy.max_live_holds)
                 .bind::<Nullable<Text>, _>(d.as_ref().map(|d| d.reservation_id.as_str()))
                 .bind::<Nullable<Text>, _>(d.as_ref().map(|d| d.event_id.as_str()))
                 .bind::<Nullable<Text>, _>(d.as_ref().map(|d| d.data.as_str()))
                 .bind::<Nullable<BigInt>, _>(r.price.as_ref().map(|p| p.amount))
                 .bind::<Nullable<Text>, _>(r.price.as_ref().map(|p| p.currency.as_str()))
-                .bind::<Nullable<Text>, _>(self.metadata_json()),
+                .bind::<Nullable<Text>, _>(self.metadata_json())
+                .bind::<Text, _>(self.policy.live_holds_since(r.created_at)),
         );
         let rows = diesel_async::RunQueryDsl::load::<Claimed>(hold, &mut **c)
             .await
@@ -336,22 +370,8 @@ impl Draft {
     /// current, since no other write runs meanwhile.
     async fn claim_on_sqlite(&self, conn: &mut Conn<'_>) -> Result<Claim, Abort> {
         let (r, now) = (&self.reservation, self.reservation.created_at);
-        if let Some(limit) = self.max_live_holds {
-            let live = sql_query(
-                "SELECT count(*) AS n FROM reservations \
-                 WHERE client = $1 AND buyer_id = $2 AND status = 'HELD' AND expires_at > $3 \
-                   AND (via IS NULL OR via <> 'offer')",
-            )
-            .bind::<Text, _>(&r.client)
-            .bind::<Text, _>(&r.buyer_id)
-            .bind::<Instant, _>(now);
-            let live: Count = conn
-                .first(live)
-                .await
-                .context("count the buyer's live holds")?;
-            if live.n >= limit {
-                return Ok(Claim::LimitReached);
-            }
+        if at_limit(conn, &r.client, &r.buyer_id, now, &self.policy).await? {
+            return Ok(Claim::LimitReached);
         }
         if let Some(d) = &self.displaced {
             let expire = sql_query(

@@ -16,6 +16,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::QueryableByName;
 
 use super::given::{asset_snapshot, give};
+use super::hold::at_limit;
 use super::{answered, contention, write_after, Keep, MAX_ATTEMPTS};
 use crate::domain::{
     AssetStatus, BuyerId, ClearedEntry, EventType, Reservation, Timestamp, Via, WaitlistCleared,
@@ -25,7 +26,7 @@ use crate::store::api::{Answer, Client, Idempotency, JoinOutcome, JoinRequest, K
 use crate::store::conn::{Bind, Conn, Sql};
 use crate::store::db::Store;
 use crate::store::error::{Abort, Context, StoreError, StoreResult};
-use crate::store::rows::{Count, NewEvent};
+use crate::store::rows::NewEvent;
 use crate::store::schema::Instant;
 
 /// A waiter as stored, with its position.
@@ -363,7 +364,7 @@ pub(crate) async fn hand_off(
         conn.execute_sql(&shorter)
             .await
             .context("hand the asset over")?;
-        if at_limit(conn, &head, now, policy).await? {
+        if at_limit(conn, &head.client, &head.buyer_id, now, policy).await? {
             let data = WaitlistSkipped {
                 asset_id: asset.to_owned(),
                 buyer_id: head.buyer_id.clone(),
@@ -387,32 +388,6 @@ pub(crate) async fn hand_off(
     }
     write_after(conn, asset, None, events, None, now).await?;
     Ok(handed)
-}
-
-/// Whether the waiter already has the most live holds allowed (offers do
-/// not count).
-async fn at_limit(
-    conn: &mut Conn<'_>,
-    head: &Head,
-    now: Timestamp,
-    policy: &Policy,
-) -> StoreResult<bool> {
-    let Some(limit) = policy.max_live_holds else {
-        return Ok(false);
-    };
-    let mut count = Sql::new("SELECT count(*) AS n FROM reservations WHERE client = ");
-    count
-        .bind(Bind::Text(head.client.clone()))
-        .push(" AND buyer_id = ")
-        .bind(Bind::Text(head.buyer_id.clone()))
-        .push(" AND status = 'HELD' AND expires_at > ")
-        .bind(Bind::At(now))
-        .push(" AND (via IS NULL OR via <> 'offer')");
-    let live = conn
-        .load_sql::<Count>(&count)
-        .await
-        .context("count the buyer's live holds")?;
-    Ok(live.first().is_some_and(|c| c.n >= limit))
 }
 
 /// Writes the waiter's hold of the asset, at the asset's price.
