@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
 CLIENTS = 64
 # Room for this many transactions a second per script and run.
-TPS_MAX = 12_000
+TPS_MAX = 20_000
 HOLD_BODY = ('{"reservation_id":"res_01KB2Q5W7M3N8P4R6T9V0X1Y2Z","asset_id":"M-0-12345",'
              '"buyer_id":"b-M-0-12345","status":"HELD","expires_at":"2026-12-01T10:10:00.123456Z",'
              '"created_at":"2026-12-01T10:00:00.123456Z","committed_at":null,"released_at":null,'

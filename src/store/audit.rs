@@ -300,6 +300,19 @@ pub(crate) fn checks() -> Vec<Check> {
             history: false,
         },
         Check {
+            name: "reservations_and_events_name_assets",
+            description: "Every reservation and every event names an asset that exists (no \
+                foreign key says so on PostgreSQL: the transaction that writes them has just \
+                changed that asset's row).",
+            sql: "SELECT r.id AS example FROM reservations r \
+                WHERE NOT EXISTS (SELECT 1 FROM assets a WHERE a.id = r.asset_id) \
+                UNION ALL SELECT e.id FROM events e \
+                WHERE NOT EXISTS (SELECT 1 FROM assets a WHERE a.id = e.asset_id)"
+                .into(),
+            postgres: None,
+            history: false,
+        },
+        Check {
             name: "answers_point_at_changes",
             description:
                 "Every stored answer points at a reservation that exists and that its body \

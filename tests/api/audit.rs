@@ -154,7 +154,9 @@ async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) 
 backend_tests!(the_audit_passes_after_real_traffic_and_catches_breakage);
 
 /// On PostgreSQL no foreign key ties a stored answer or a payment to its
-/// reservation (the writing transaction knows it; a key check on every hold
+/// reservation, nor a reservation or an event to its asset, and no
+/// constraint refuses a second HELD reservation of an asset (the writing
+/// transaction's guarded update of the asset decides; a check on every hold
 /// and sale cost more than it caught): the audit does, and names each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_checks_what_no_foreign_key_does_on_postgres() {
@@ -168,9 +170,28 @@ async fn the_audit_checks_what_no_foreign_key_does_on_postgres() {
         .await;
     app.sql("UPDATE payments SET reservation_id = 'res_gone' WHERE reference = 'pay-1'")
         .await;
+    app.sql("UPDATE reservations SET asset_id = 'gone-1' WHERE asset_id = 'AU-1'")
+        .await;
+    app.sql(
+        "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, client) \
+         VALUES ('res_second', 'AU-4', 'b9', 'HELD', now() + interval '5 minutes', now(), '-')",
+    )
+    .await;
+    app.sql("UPDATE events SET asset_id = 'gone-2' WHERE id = (SELECT max(id) FROM events)")
+        .await;
     let (ok, doc) = audit(&app);
     assert!(!ok);
     assert_eq!(violations(&doc, "answers_point_at_changes"), 1, "{doc:#}");
+    assert_eq!(
+        violations(&doc, "reservations_and_events_name_assets"),
+        2,
+        "{doc:#}"
+    );
+    assert_eq!(
+        violations(&doc, "one_held_reservation_per_asset"),
+        1,
+        "{doc:#}"
+    );
     assert!(
         violations(&doc, "payments_record_their_fate") >= 1,
         "{doc:#}"
