@@ -278,9 +278,17 @@ PLANS = {
         "FROM reservations WHERE status = 'HELD' AND expires_at <= now() LIMIT 500)) "
         "AND status = 'HELD' AND hold_expires_at <= now() FOR UPDATE SKIP LOCKED",
     "the purge's batch of events":
-        "SELECT id FROM events WHERE created_at < now() - interval '30 days' "
-        "AND delivered_at IS NOT NULL ORDER BY created_at LIMIT 500",
+        "SELECT id FROM events WHERE id < '{event_floor}' "
+        "AND created_at < now() - interval '30 days' "
+        "AND delivered_at IS NOT NULL ORDER BY id LIMIT 500",
 }
+
+
+def event_floor(days: int) -> str:
+    """The least event id made `days` days ago or later (as `EventId::floor`)."""
+    ms = int((time.time() - days * 86400) * 1000)
+    alphabet = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+    return "evt_" + "".join(alphabet[(ms >> (5 * (9 - d))) & 31] for d in range(10)) + "0" * 16
 
 
 def plan(db: str, sql: str) -> str:
@@ -323,7 +331,8 @@ def main() -> None:
     rows = reads(binary, dbs, work)
     purged = purge(binary, dbs["large"], work)
     say(f"purge: {purged}")
-    plans = {name: plan(dbs["large"], sql) for name, sql in PLANS.items()}
+    plans = {name: plan(dbs["large"], sql.format(event_floor=event_floor(30)))
+             for name, sql in PLANS.items()}
     write(r, rows, purged, plans)
     if not args.keep:
         for db in dbs.values():

@@ -11,14 +11,25 @@
 --                       (HOLD_EXPIRED), then a hold committed: 5 events;
 --   sold < i <= +twice: a hold released, then a hold that lapsed: 4 events;
 --   the rest:           one hold, lapsed (even i) or released (odd i): 2.
--- Every reservation is res_ and its number as 26 digits (a ULID's alphabet);
--- events, refunds likewise. Events are delivered. Foreign keys are not
+-- Every reservation is res_ and its number as 26 digits (a ULID's alphabet),
+-- refunds likewise; an event's id is a ULID of its creation time (the
+-- service's are: the retention purge reads them in that order) followed by
+-- its number. Events are delivered. Foreign keys are not
 -- checked while loading (session_replication_role = replica): the rows are
 -- written consistent, and the audit afterwards says so.
 
 \set ON_ERROR_STOP on
 SET session_replication_role = replica;
 SET synchronous_commit = off;
+
+-- The first 10 characters of a ULID made at `t`: its milliseconds since
+-- 1970 in Crockford's base 32.
+CREATE FUNCTION pg_temp.ulid_time(t timestamptz) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+SELECT string_agg(substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ',
+                         ((floor(extract(epoch FROM t) * 1000)::bigint >> (5 * (9 - d))) & 31)::int + 1,
+                         1), '' ORDER BY d)
+  FROM generate_series(0, 9) AS d
+$$;
 
 CREATE TEMP TABLE plan AS
 SELECT i,
@@ -88,7 +99,8 @@ SELECT '-', 'late-' || i, 'res_' || lpad((2 * i - 1)::text, 26, '0'),
 -- reservation as the answer showed it (about 600 bytes), or the refund.
 \echo events
 INSERT INTO events (id, asset_id, sequence, type, data, created_at, delivered_at, client)
-SELECT 'evt_' || lpad((h.i * 8 + e.sequence)::text, 26, '0'), h.asset_id, e.sequence, e.type,
+SELECT 'evt_' || pg_temp.ulid_time(h.created + e.after) || lpad((h.i * 8 + e.sequence)::text, 16, '0'),
+       h.asset_id, e.sequence, e.type,
        CASE WHEN e.type = 'refund.requested' THEN
          '{"refund_id":"rf_' || lpad(h.i::text, 26, '0') || '","reservation_id":"res_'
          || lpad(h.k::text, 26, '0') || '","asset_id":"' || h.asset_id

@@ -183,8 +183,9 @@ impl Purge {
 }
 
 /// Deletes up to `limit` rows of `what` older than `retention`, oldest
-/// first, in one statement that reads a range of the table's index of
-/// creation times (`SKIP LOCKED` on PostgreSQL); how many.
+/// first, in one statement that reads a range of an index (creation times
+/// for stored answers, ids for events; `SKIP LOCKED` on PostgreSQL); how
+/// many.
 pub(crate) async fn purge(
     store: &Store,
     what: Purge,
@@ -206,22 +207,35 @@ pub(crate) async fn purge(
             } else {
                 ""
             };
-            let sql = match what {
-                Purge::Keys => format!(
-                    "DELETE FROM idempotency_keys WHERE (client, key) IN ( \
-                     SELECT client, key FROM idempotency_keys WHERE created_at < $1 \
-                     ORDER BY created_at LIMIT $2{lock})"
-                ),
-                Purge::Events => format!(
-                    "DELETE FROM events WHERE id IN ( \
-                     SELECT id FROM events WHERE created_at < $1 AND delivered_at IS NOT NULL \
-                     ORDER BY created_at LIMIT $2{lock})"
-                ),
+            let purged = match what {
+                Purge::Keys => {
+                    let delete = sql_query(format!(
+                        "DELETE FROM idempotency_keys WHERE (client, key) IN ( \
+                         SELECT client, key FROM idempotency_keys WHERE created_at < $1 \
+                         ORDER BY created_at LIMIT $2{lock})"
+                    ));
+                    let delete = delete.bind::<Instant, _>(before).bind::<BigInt, _>(limit);
+                    conn.execute(delete).await
+                }
+                // An event's id is made at its creation (`EventId::at`): the
+                // ids before the cutoff's are the oldest events, a range of
+                // the primary key, so that no index of creation times is
+                // written by every event.
+                Purge::Events => {
+                    let delete = sql_query(format!(
+                        "DELETE FROM events WHERE id IN ( \
+                         SELECT id FROM events WHERE id < $1 AND created_at < $2 \
+                           AND delivered_at IS NOT NULL \
+                         ORDER BY id LIMIT $3{lock})"
+                    ));
+                    let delete = delete
+                        .bind::<Text, _>(EventId::floor(before).to_string())
+                        .bind::<Instant, _>(before)
+                        .bind::<BigInt, _>(limit);
+                    conn.execute(delete).await
+                }
             };
-            let delete = sql_query(sql)
-                .bind::<Instant, _>(before)
-                .bind::<BigInt, _>(limit);
-            Ok(conn.execute(delete).await.context(what.context())?)
+            Ok(purged.context(what.context())?)
         })
         .await?
         .unwrap_or_default();

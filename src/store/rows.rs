@@ -554,7 +554,7 @@ impl NewEvent {
         created_at: Timestamp,
     ) -> Self {
         Self {
-            id: EventId::generate().to_string(),
+            id: EventId::at(created_at).to_string(),
             asset_id: asset_id.to_owned(),
             sequence: 0,
             event_type,

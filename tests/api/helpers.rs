@@ -220,6 +220,22 @@ impl TestApp {
         self.db.age_hold(reservation, Age::PastExpiry).await;
     }
 
+    /// Marks the events `filter` selects (all when `None`) delivered, and
+    /// moves them past any retention: their creation time and the time in
+    /// their ids (which the purge reads, oldest first) go back decades.
+    pub async fn age_delivered_events(&self, filter: Option<&str>) {
+        let then = match self.backend {
+            Backend::Postgres => "now() - interval '40 years'",
+            Backend::Sqlite => "'1990-01-01T00:00:00.000000Z'",
+        };
+        let filter = filter.map(|f| format!(" WHERE {f}")).unwrap_or_default();
+        self.sql(&format!(
+            "UPDATE events SET delivered_at = {then}, created_at = {then}, \
+             id = 'evt_0000000000' || substr(id, 15){filter}"
+        ))
+        .await;
+    }
+
     /// The value of one series of this app's `/metrics`, 0 when absent.
     pub async fn metric(&self, name_and_labels: &str) -> f64 {
         let page = self

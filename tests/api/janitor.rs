@@ -107,20 +107,11 @@ async fn a_purge_lets_expiry_through_and_stops_when_asked(backend: Backend) {
     for i in 0..30 {
         app.create_asset(&format!("JP-{i}")).await;
     }
-    let old = match backend {
-        Backend::Postgres => {
-            "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days'"
-        }
-        Backend::Sqlite => {
-            "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', \
-             created_at = '2000-01-01T00:00:00.000000Z'"
-        }
-    };
     // Thirty old events; a hold that lapses once the purge has begun.
     app.create_asset("JP-hold").await;
     let held = app.hold("JP-hold", "b", 300).await;
     let id = held["reservation_id"].as_str().unwrap().to_owned();
-    app.sql(old).await;
+    app.age_delivered_events(None).await;
     let due = app.count("SELECT count(*) FROM events").await;
     app.lapse(&id).await;
     let report = holdfast::janitor::run_once(&app.store).await.unwrap();
@@ -130,7 +121,7 @@ async fn a_purge_lets_expiry_through_and_stops_when_asked(backend: Backend) {
     for i in 0..30 {
         app.hold(&format!("JP-{i}"), &format!("b{i}"), 300).await;
     }
-    app.sql(old).await;
+    app.age_delivered_events(None).await;
     let steps = std::sync::atomic::AtomicUsize::new(0);
     let stop_soon = || steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 3;
     let report = holdfast::janitor::run_while(&app.store, &stop_soon)

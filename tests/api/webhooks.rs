@@ -398,15 +398,7 @@ async fn refunds_page_by_cursor(app: TestApp) {
 async fn old_delivered_events_are_purged_only_when_configured(app: TestApp) {
     app.create_asset("W-7").await;
     app.hold("W-7", "b", 300).await;
-    let old = match app.backend {
-        Backend::Postgres => {
-            "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days'"
-        }
-        Backend::Sqlite => {
-            "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', created_at = '2000-01-01T00:00:00.000000Z'"
-        }
-    };
-    app.sql(old).await;
+    app.age_delivered_events(None).await;
     assert_eq!(
         holdfast::janitor::run_once(&app.store)
             .await
@@ -448,16 +440,7 @@ async fn the_feed_never_skips_after_every_event_was_purged(backend: Backend) {
     }
     let (items, cursor) = follow_feed(&app, String::new(), 500, 3).await;
     assert_eq!(items.len(), 3, "{backend:?}");
-    let old = match backend {
-        Backend::Postgres => {
-            "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days'"
-        }
-        Backend::Sqlite => {
-            "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', \
-             created_at = '2000-01-01T00:00:00.000000Z'"
-        }
-    };
-    app.sql(old).await;
+    app.age_delivered_events(None).await;
     let report = holdfast::janitor::run_once(&app.store).await.unwrap();
     assert_eq!(report.purged_events, 3, "{backend:?}");
     assert_eq!(app.count("SELECT count(*) FROM events").await, 0);
@@ -563,16 +546,7 @@ async fn delivered_events_past_retention_are_purged(backend: Backend) {
     app.hold("W-8", "b", 300).await;
     app.create_asset("W-9").await;
     app.hold("W-9", "b", 300).await;
-    let old = match backend {
-        Backend::Postgres => {
-            "UPDATE events SET delivered_at = now(), created_at = now() - interval '40 days' WHERE asset_id = 'W-8'"
-        }
-        Backend::Sqlite => {
-            "UPDATE events SET delivered_at = '2000-01-01T00:00:00.000000Z', \
-             created_at = '2000-01-01T00:00:00.000000Z' WHERE asset_id = 'W-8'"
-        }
-    };
-    app.sql(old).await;
+    app.age_delivered_events(Some("asset_id = 'W-8'")).await;
     let report = holdfast::janitor::run_once(&app.store).await.unwrap();
     assert_eq!(report.purged_events, 1, "{backend:?}");
     assert_eq!(

@@ -101,7 +101,7 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
         let draft = Draft {
             answer: store.render(Answer::Held(&reservation)),
             reservation,
-            event_id: EventId::generate().to_string(),
+            event_id: EventId::at(snap.now).to_string(),
             request: req.clone(),
             policy: store.policy().clone(),
             displaced,
@@ -221,7 +221,7 @@ async fn displaced(store: &Store, id: &str, now: Timestamp) -> StoreResult<Optio
         Displaced {
             data: serde_json::to_string(&expired).unwrap_or_default(),
             reservation_id: expired.reservation_id,
-            event_id: EventId::generate().to_string(),
+            event_id: EventId::at(now).to_string(),
         }
     }))
 }
