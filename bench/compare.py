@@ -115,15 +115,19 @@ def asset_updates(db: str) -> tuple[int, int]:
 
 class Side:
     def __init__(self, name: str, binary: str, port: int, work: str, assets: int,
-                 rounds: int, seconds: int):
-        self.name, self.port = name, port
-        self.db = f"holdfast_compare_{name}_{os.getpid()}"
-        psql(f"CREATE DATABASE {self.db}")
+                 rounds: int, seconds: int, db: str | None = None):
+        """On a fresh database of `assets` assets, dropped at the end; or on
+        the database `db` as it is, kept."""
+        self.name, self.port, self.owned = name, port, db is None
+        self.db = db or f"holdfast_compare_{name}_{os.getpid()}"
         url = f"{PG}/{self.db}"
-        subprocess.run([binary, "migrate"], env=dict(os.environ, HOLDFAST_DATABASE_URL=url),
-                       check=True, capture_output=True)
-        psql("INSERT INTO assets (id, name, created_at, updated_at) "
-             f"SELECT 'W-' || n, 'lot', now(), now() FROM generate_series(1, {assets}) n", self.db)
+        if self.owned:
+            psql(f"CREATE DATABASE {self.db}")
+            subprocess.run([binary, "migrate"], env=dict(os.environ, HOLDFAST_DATABASE_URL=url),
+                           check=True, capture_output=True)
+            psql("INSERT INTO assets (id, name, created_at, updated_at) "
+                 f"SELECT 'W-' || n, 'lot', now(), now() FROM generate_series(1, {assets}) n",
+                 self.db)
         # Each round's writes on assets of their own: R<round>-<thread>-<n>
         # (spread-hold) and HR<round>-<thread>-<n> (hold-commit).
         per_thread = seconds * PER_THREAD_SECOND
@@ -181,7 +185,8 @@ class Side:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait()
-        psql(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")
+        if self.owned:
+            psql(f"DROP DATABASE IF EXISTS {self.db} WITH (FORCE)")
 
 
 def hot_share(rounds: list[dict]) -> str:

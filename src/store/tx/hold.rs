@@ -231,7 +231,9 @@ async fn displaced(store: &Store, id: &str, now: Timestamp) -> StoreResult<Optio
 /// hold on SQLite and the hand-off to a waiter ask it; on PostgreSQL
 /// `hold_asset` asks the same, under the buyer's lock. The holds live at
 /// `now` are among the buyer's ids since [`Policy::live_holds_since`], a
-/// range of `reservations_buyer_idx`.
+/// range of `reservations_buyer_idx` (the status compared as an expression,
+/// so that no plan reads every live hold through the index of HELD ones
+/// instead).
 pub(super) async fn at_limit(
     conn: &mut Conn<'_>,
     client: &str,
@@ -249,7 +251,7 @@ pub(super) async fn at_limit(
         .bind(Bind::Text(policy.live_holds_since(now)))
         .push(" AND client = ")
         .bind(Bind::Text(client.to_owned()))
-        .push(" AND status = 'HELD' AND expires_at > ")
+        .push(" AND status || '' = 'HELD' AND expires_at > ")
         .bind(Bind::At(now))
         .push(" AND (via IS NULL OR via <> 'offer')");
     let live = conn
