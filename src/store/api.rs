@@ -151,12 +151,27 @@ impl Policy {
     /// an application server's clock before ids took the database's, and a
     /// longest hold shortened by a restart since.
     pub fn live_holds_since(&self, at: Timestamp) -> String {
-        let longest = self.hold_max_total_seconds.max(self.waitlist_hold_seconds);
-        let since = chrono::Duration::try_seconds(longest.saturating_add(86_400))
-            .and_then(|span| at.checked_sub_signed(span))
-            .unwrap_or(chrono::DateTime::UNIX_EPOCH);
-        ReservationId::floor(since).to_string()
+        ids_since(
+            self.hold_max_total_seconds.max(self.waitlist_hold_seconds),
+            at,
+        )
     }
+
+    /// The least reservation id that any reservation live at `at` can
+    /// have, offers included (`offer_max_seconds`): see
+    /// [`Policy::live_holds_since`].
+    pub fn live_since(&self, at: Timestamp) -> String {
+        let longest = self.hold_max_total_seconds.max(self.waitlist_hold_seconds);
+        ids_since(longest.max(self.offer_max_seconds), at)
+    }
+}
+
+/// The least reservation id made `longest` seconds and a day before `at`.
+fn ids_since(longest: i64, at: Timestamp) -> String {
+    let since = chrono::Duration::try_seconds(longest.saturating_add(86_400))
+        .and_then(|span| at.checked_sub_signed(span))
+        .unwrap_or(chrono::DateTime::UNIX_EPOCH);
+    ReservationId::floor(since).to_string()
 }
 
 #[derive(Debug, Clone)]
@@ -591,5 +606,30 @@ impl DatabaseUrl {
             Some(path) => Ok(DatabaseUrl::Sqlite(path.into())),
             None => Err(format!("{url:?} is neither sqlite://PATH nor postgres://…")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Policy;
+    use crate::domain::ReservationId;
+    use chrono::{Duration, Utc};
+
+    /// The id bounds cover every reservation that can still be live, and
+    /// no more than a few days of a buyer's history.
+    #[test]
+    fn live_reservations_are_within_their_id_bounds() {
+        let policy = Policy::default();
+        let now = Utc::now();
+        let made = |ago: Duration| ReservationId::at(now - ago).to_string();
+        let longest_hold = Duration::seconds(policy.hold_max_total_seconds);
+        let longest_offer = Duration::seconds(policy.offer_max_seconds);
+        assert!(made(longest_hold) >= policy.live_holds_since(now));
+        assert!(
+            made(Duration::seconds(policy.waitlist_hold_seconds)) >= policy.live_holds_since(now)
+        );
+        assert!(made(longest_offer) >= policy.live_since(now));
+        assert!(made(longest_hold + Duration::days(2)) < policy.live_holds_since(now));
+        assert!(made(longest_offer + Duration::days(2)) < policy.live_since(now));
     }
 }

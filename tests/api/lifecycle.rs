@@ -447,6 +447,10 @@ async fn reservations_are_listed_newest_first(app: TestApp) {
         .get_json("/v1/reservations?status=HELD&asset_id=LS-2")
         .await;
     assert_eq!(ids(&held), [second["reservation_id"].as_str().unwrap()]);
+    let live = app
+        .get_json("/v1/reservations?buyer_id=b-1&status=HELD")
+        .await;
+    assert_eq!(ids(&live), [third["reservation_id"].as_str().unwrap()]);
 
     let page = app.get_json("/v1/reservations?limit=2").await;
     assert_eq!(ids(&page).len(), 2);
