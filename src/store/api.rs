@@ -108,7 +108,7 @@ pub enum Keyed<T> {
 }
 
 /// The rules the store applies, fixed when it is built.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct Policy {
     /// Most live holds one (client, buyer) may have; `None` for no limit.
     pub max_live_holds: Option<i64>,
@@ -151,18 +151,19 @@ impl Policy {
     /// an application server's clock before ids took the database's, and a
     /// longest hold shortened by a restart since.
     pub fn live_holds_since(&self, at: Timestamp) -> String {
-        ids_since(
-            self.hold_max_total_seconds.max(self.waitlist_hold_seconds),
-            at,
-        )
+        ids_since(self.longest_hold(), at)
     }
 
     /// The least reservation id that any reservation live at `at` can
     /// have, offers included (`offer_max_seconds`): see
     /// [`Policy::live_holds_since`].
     pub fn live_since(&self, at: Timestamp) -> String {
-        let longest = self.hold_max_total_seconds.max(self.waitlist_hold_seconds);
-        ids_since(longest.max(self.offer_max_seconds), at)
+        ids_since(self.longest_hold().max(self.offer_max_seconds), at)
+    }
+
+    /// The longest a hold (not an offer) lives from its creation.
+    fn longest_hold(&self) -> i64 {
+        self.hold_max_total_seconds.max(self.waitlist_hold_seconds)
     }
 }
 

@@ -207,35 +207,37 @@ pub(crate) async fn purge(
             } else {
                 ""
             };
-            let purged = match what {
+            let mut delete = match what {
                 Purge::Keys => {
-                    let delete = sql_query(format!(
+                    let mut delete = Sql::new(
                         "DELETE FROM idempotency_keys WHERE (client, key) IN ( \
-                         SELECT client, key FROM idempotency_keys WHERE created_at < $1 \
-                         ORDER BY created_at LIMIT $2{lock})"
-                    ));
-                    let delete = delete.bind::<Instant, _>(before).bind::<BigInt, _>(limit);
-                    conn.execute(delete).await
+                         SELECT client, key FROM idempotency_keys WHERE created_at < ",
+                    );
+                    delete.bind(Bind::At(before)).push(" ORDER BY created_at");
+                    delete
                 }
                 // An event's id is made at its creation (`EventId::at`): the
                 // ids before the cutoff's are the oldest events, a range of
                 // the primary key, so that no index of creation times is
                 // written by every event.
                 Purge::Events => {
-                    let delete = sql_query(format!(
-                        "DELETE FROM events WHERE id IN ( \
-                         SELECT id FROM events WHERE id < $1 AND created_at < $2 \
-                           AND delivered_at IS NOT NULL \
-                         ORDER BY id LIMIT $3{lock})"
-                    ));
-                    let delete = delete
-                        .bind::<Text, _>(EventId::floor(before).to_string())
-                        .bind::<Instant, _>(before)
-                        .bind::<BigInt, _>(limit);
-                    conn.execute(delete).await
+                    let mut delete = Sql::new(
+                        "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE id < ",
+                    );
+                    delete
+                        .bind(Bind::Text(EventId::floor(before).to_string()))
+                        .push(" AND created_at < ")
+                        .bind(Bind::At(before))
+                        .push(" AND delivered_at IS NOT NULL ORDER BY id");
+                    delete
                 }
             };
-            Ok(purged.context(what.context())?)
+            delete
+                .push(" LIMIT ")
+                .bind(Bind::BigInt(limit))
+                .push(lock)
+                .push(")");
+            Ok(conn.execute_sql(&delete).await.context(what.context())?)
         })
         .await?
         .unwrap_or_default();

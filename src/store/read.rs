@@ -435,7 +435,7 @@ pub(crate) async fn reservations_page(
     page: &ReservationPage,
 ) -> StoreResult<Vec<Reservation>> {
     let page = page.clone();
-    let policy = store.policy().clone();
+    let policy = *store.policy();
     store
         .run("list reservations", async move |conn| {
             let now = conn.now().await?;

@@ -78,7 +78,7 @@ async fn expire_all(
 
 /// Expires up to `batch` lapsed holds in one transaction; how many.
 async fn expire_batch(store: &Store, batch: i64) -> StoreResult<u64> {
-    let policy = store.policy().clone();
+    let policy = *store.policy();
     let expire = store.write("expire lapsed holds", async move |conn| {
         let now = conn.now().await?;
         Ok(expire_lapsed(conn, Lapsed::Any(batch), now, &policy).await?)

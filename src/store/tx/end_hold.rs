@@ -58,7 +58,7 @@ pub(crate) async fn end_live_hold(
         payment,
         read_at,
         ended,
-        policy: store.policy().clone(),
+        policy: *store.policy(),
     };
     if store.postgres().is_some() {
         let fast = end.clone();

@@ -103,7 +103,7 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
             reservation,
             event_id: EventId::at(snap.now).to_string(),
             request: req.clone(),
-            policy: store.policy().clone(),
+            policy: *store.policy(),
             displaced,
         };
         let claimed = match store.postgres() {
@@ -158,7 +158,7 @@ impl Seen {
 
 /// Ends the asset's lapsed hold and hands the asset to its first waiter.
 async fn hand_over(store: &Store, asset: &AssetId) -> StoreResult<()> {
-    let (asset, policy) = (asset.to_string(), store.policy().clone());
+    let (asset, policy) = (asset.to_string(), *store.policy());
     store
         .write("hand the asset to its first waiter", async move |conn| {
             let now = conn.now().await?;
