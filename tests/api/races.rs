@@ -46,6 +46,58 @@ async fn a_hundred_buyers_on_one_asset_make_one_winner(app: TestApp) {
     assert_eq!(asset["version"], 2);
 }
 
+/// A lapsed hold displaced by fifty buyers at once: the asset row's guard
+/// alone (no constraint of the database) leaves one HELD reservation, the
+/// winner's, and the lapsed one EXPIRED.
+async fn fifty_buyers_on_a_lapsed_hold_make_one_winner(app: TestApp) {
+    app.create_asset("LAPSED-1").await;
+    let first = app.hold("LAPSED-1", "early", 300).await;
+    let first = first["reservation_id"].as_str().unwrap().to_owned();
+    app.lapse(&first).await;
+    let responses = join_all((0..50).map(|i| {
+        let app = &app;
+        async move {
+            let response = app
+                .post(
+                    "/v1/assets/LAPSED-1/reservations",
+                    Some(&format!("late-key-{i}")),
+                    &json!({"buyer_id": format!("late-{i}")}),
+                )
+                .await;
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.unwrap();
+            (status, body)
+        }
+    }))
+    .await;
+    let winners: Vec<&Value> = responses
+        .iter()
+        .filter(|(s, _)| *s == 201)
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(winners.len(), 1, "{responses:?}");
+    assert!(
+        responses
+            .iter()
+            .all(|(s, b)| *s == 201 || (*s == 409 && b["error_code"] == "ASSET_UNAVAILABLE")),
+        "{responses:?}"
+    );
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM reservations WHERE asset_id = 'LAPSED-1' AND status = 'HELD'"
+        )
+        .await,
+        1
+    );
+    let asset = app.get_json("/v1/assets/LAPSED-1").await;
+    assert_eq!(
+        asset["current_reservation_id"],
+        winners[0]["reservation_id"]
+    );
+    let lapsed = app.get_json(&format!("/v1/reservations/{first}")).await;
+    assert_eq!(lapsed["status"], "EXPIRED", "{lapsed}");
+}
+
 async fn thirty_duplicates_of_one_request_hold_once(app: TestApp) {
     app.create_asset("DUP-1").await;
     let responses = join_all((0..30).map(|_| {
@@ -433,6 +485,7 @@ backend_tests!(
     the_opening_instant_makes_one_winner,
     concurrent_requests_each_get_their_own_answer,
     a_hundred_buyers_on_one_asset_make_one_winner,
+    fifty_buyers_on_a_lapsed_hold_make_one_winner,
     thirty_duplicates_of_one_request_hold_once,
     commit_racing_release_ends_consistent,
 );
