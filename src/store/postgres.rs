@@ -410,7 +410,7 @@ pub(crate) async fn db_clock(
     conn: &mut AsyncPgConnection,
     clock: &'static str,
 ) -> StoreResult<Timestamp> {
-    diesel::select(diesel::dsl::sql::<Timestamptz>(clock))
+    Prepared(diesel::select(diesel::dsl::sql::<Timestamptz>(clock)))
         .get_result(conn)
         .await
         .context("read the database clock")
