@@ -2,12 +2,18 @@
 generated plates (bench/plates.py: 2,000,000 on PostgreSQL, 200,000 on
 SQLite), timed, then again (nothing to do); and the first page of each
 filter of `GET /v1/assets` on that catalogue against the same on 10,000
-plates, p50 and p99 side by side (wrk, 8 connections, the two catalogues
+plates, p50 and p99 side by side (wrk, 2 connections, the two catalogues
 alternating for six rounds, the median of the rounds), with each query's
-plan. Written to bench/RESULTS.md (section
+plan.
+
+Two connections, one request in flight per core, because the service, its
+database and wrk share two cores: at 8 connections every request queues for
+a core, and the tail measures the machine's run queue (a request of a
+millisecond waited 20 to 100 ms whenever the scheduler ran something else
+first, on the small catalogue as on the large one) rather than the query. Written to bench/RESULTS.md (section
 `catalogue`).
 
-    python3 bench/catalogue.py [--backend postgres|sqlite|both] [--seconds 8]
+    python3 bench/catalogue.py [--backend postgres|sqlite|both] [--seconds 12]
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
 # Rounds of each filter, the two catalogues alternating.
 ROUNDS = 6
+# Requests in flight (see above).
+CONNECTIONS = 2
+# Seconds of the same requests on each catalogue before the rounds: every
+# connection of the pool has prepared the statement and made its plans.
+WARM = 2
 SMALL = 10_000
 LARGE = {"postgres": 2_000_000, "sqlite": 200_000}
 
@@ -89,7 +100,7 @@ def page(port: int, path: str, seconds: float) -> tuple[float, float, float, int
     if response.status != 200:
         raise SystemExit(f"GET {path}: {response.status} {body}")
     items = body.count('"current_reservation_id"')
-    out = run(["wrk", "-t2", "-c8", f"-d{max(1, round(seconds))}s", "--latency",
+    out = run(["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{max(1, round(seconds))}s", "--latency",
                f"http://127.0.0.1:{port}{path}"]).stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     p50 = ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
@@ -148,7 +159,7 @@ def run_backend(binary: str, backend: str, seconds: float, work: str) -> dict:
             print(f"{backend}: first page, {label}", file=sys.stderr)
             runs = {"small": [], "large": []}
             for name in ("small", "large"):  # warm: the pool's connections, their plans
-                page(ports[name], path, 1)
+                page(ports[name], path, WARM)
             for _ in range(ROUNDS):  # alternating
                 for name in ("small", "large"):
                     runs[name].append(page(ports[name], path, seconds / ROUNDS))
@@ -187,7 +198,7 @@ def report(results: dict, took: float) -> str:
             out.append(f"| {backend} | {n:,} | {first:.1f} s | {n / first:,.0f} | {again:.1f} s |")
     out += ["", "### The first page of each filter, large catalogue against 10,000",
             "",
-            f"wrk, 2 threads and 8 connections, each catalogue in its own instance, after 1 s of "
+            f"wrk, {CONNECTIONS} connections, each catalogue in its own instance, after {WARM} s of "
             f"the same requests, alternating for {ROUNDS} rounds; p50 and p99 the median of the rounds (the worst round's p99 "
             "in parentheses). Latencies in ms.",
             "",
@@ -213,7 +224,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=["postgres", "sqlite", "both"], default="both")
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--bin", help="holdfast binary (default: cargo build --release)")
     args = parser.parse_args()
     need_wrk()
