@@ -22,6 +22,7 @@
 mod api;
 mod audit;
 mod coalesce;
+mod columns;
 mod conn;
 mod db;
 mod error;
