@@ -105,6 +105,11 @@ def commits(db: str) -> int:
     return int(psql(f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{db}'"))
 
 
+def wal_bytes() -> int:
+    """WAL the cluster has written so far (pg_stat_wal)."""
+    return int(float(psql("SELECT wal_bytes FROM pg_stat_wal")))
+
+
 def asset_updates(db: str) -> tuple[int, int]:
     """(updates, HOT updates) of the assets table so far."""
     row = psql("SELECT n_tup_upd || ' ' || n_tup_hot_upd FROM pg_stat_user_tables "
@@ -169,17 +174,17 @@ class Side:
             psql("CHECKPOINT")
         pg = postgres_pids()
         x0, p0, s0 = commits(self.db), cpu_seconds(pg), cpu_seconds([self.proc.pid])
-        u0 = asset_updates(self.db)
+        u0, w0 = asset_updates(self.db), wal_bytes()
         run = wrk(self.port, dict(env, BENCH_WRK_SECONDS=str(seconds)), EXPECTED[scenario])
         p1, s1 = cpu_seconds(pg), cpu_seconds([self.proc.pid])
         time.sleep(1.5)  # the statistics of the last transactions arrive
         x1 = commits(self.db)
-        u1 = asset_updates(self.db)
+        u1, w1 = asset_updates(self.db), wal_bytes()
         n, took, bad = run["requests"], run["seconds"], run["bad"]
         done = int(run["statuses"].get(COUNTED[scenario], 0)) if scenario in COUNTED else n
         return {"rps": done / took,
                 "pg_us": (p1 - p0) / n * 1e6, "server_us": (s1 - s0) / n * 1e6,
-                "xacts": (x1 - x0) / n, "bad": bad,
+                "xacts": (x1 - x0) / n, "bad": bad, "wal": (w1 - w0) / max(done, 1),
                 "hot": (u1[1] - u0[1], u1[0] - u0[0])}
 
     def stop(self) -> None:

@@ -6,9 +6,12 @@ statements, 64 clients), run on the least schema they need
 holdfast's own (`holdfast migrate`), the two alternating for three rounds.
 Measured per transaction: the rate, the WAL written (pg_stat_wal around
 the run) and the share of asset updates made in place (HOT). What the
-second costs more is the price of what holdfast's schema adds; the service
-itself is not involved. Written to bench/RESULTS.md (section
-`schema-price`).
+second costs more is the price of what holdfast's schema adds. Beside
+them, in the same rounds, the service itself on a database of its own:
+`spread-hold` and `hold-commit` of bench/compare.py (wrk, 64 connections),
+holds and sales a second and the WAL written per hold and per sale, against
+the minimal schema's canonical transactions: how near the service comes to
+the ceiling. Written to bench/RESULTS.md (section `schema-price`).
 
     python3 bench/schema_price.py [--seconds 8] [--rounds 3]
 """
@@ -22,11 +25,13 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import sections  # noqa: E402
-from service import psql  # noqa: E402
+from compare import Side  # noqa: E402
+from service import need_wrk, psql  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG = "postgres://postgres@127.0.0.1:5432"
@@ -40,6 +45,8 @@ HOLD_BODY = ('{"reservation_id":"res_01KB2Q5W7M3N8P4R6T9V0X1Y2Z","asset_id":"M-0
 COMMIT_BODY = HOLD_BODY.replace('"HELD"', '"COMMITTED"').replace(
     '"committed_at":null', '"committed_at":"2026-12-01T10:00:00.234567Z"')
 SCRIPTS = {"hold": "bench/canonical_hold.sql", "hold-commit": "bench/canonical_hold_commit.sql"}
+# The service's scenario (bench/compare.py) for each canonical transaction.
+SCENARIOS = {"hold": "spread-hold", "hold-commit": "hold-commit"}
 
 
 def seed(db: str, slots: int) -> None:
@@ -100,6 +107,9 @@ def main() -> int:
     slots = per_run * args.rounds
     dbs = {"minimal": f"holdfast_bench_min_{os.getpid()}",
            "holdfast": f"holdfast_bench_full_{os.getpid()}"}
+    need_wrk()
+    work = tempfile.mkdtemp(prefix="holdfast-schema-price-")
+    service = None
     try:
         for name, db in dbs.items():
             psql(f"CREATE DATABASE {db}")
@@ -111,7 +121,9 @@ def main() -> int:
                 subprocess.run([binary, "migrate"], env=env, check=True, capture_output=True)
             print(f"seeding {name}: {CLIENTS * slots * 2:,} assets", file=sys.stderr)
             seed(db, slots)
-        runs = {(s, n): [] for s in SCRIPTS for n in dbs}
+        print("seeding the service's database", file=sys.stderr)
+        service = Side("service", binary, 18391, work, 10_000, args.rounds, args.seconds)
+        runs = {(s, n): [] for s in SCRIPTS for n in [*dbs, "service"]}
         for r in range(args.rounds):
             for script, path in SCRIPTS.items():
                 for name, db in (list(dbs.items()) if r % 2 == 0 else list(dbs.items())[::-1]):
@@ -119,6 +131,16 @@ def main() -> int:
                     print(f"round {r + 1} {script} {name}: {result[0]:.0f} tx/s, "
                           f"{result[1]} B WAL, {result[2]} % HOT", file=sys.stderr)
                     runs[(script, name)].append(result)
+                served = service.measure(SCENARIOS[script], args.seconds, r)
+                if served["bad"]:
+                    raise SystemExit(f"{SCENARIOS[script]}: {served['bad']} unexpected answers "
+                                     f"(see {work}/service.log)")
+                hot_updates, updates = served["hot"]
+                result = (served["rps"], round(served["wal"]),
+                          round(100 * hot_updates / updates) if updates else 0)
+                print(f"round {r + 1} {script} service: {result[0]:.0f}/s, {result[1]} B WAL, "
+                      f"{result[2]} % HOT", file=sys.stderr)
+                runs[(script, "service")].append(result)
         indexes = {name: psql("SELECT tablename || ': ' || string_agg(indexname, ', ' "
                                    "ORDER BY indexname) FROM pg_indexes WHERE schemaname = 'public' "
                                    "AND tablename IN ('assets', 'reservations', 'events', "
@@ -126,6 +148,8 @@ def main() -> int:
                                    "ORDER BY tablename", db)
                    for name, db in dbs.items()}
     finally:
+        if service:
+            service.stop()
         for db in dbs.values():
             psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     took = time.monotonic() - started
@@ -154,6 +178,24 @@ def main() -> int:
             f"| {statistics.median(b[0] / a[0] for a, b in zip(m, h)):.2f} ({ratios}) "
             f"| {wal_m:,.0f} B → {wal_h:,.0f} B ({wal_h / wal_m:.2f}×) "
             f"| {statistics.median(x[2] for x in m):.0f} % → {statistics.median(x[2] for x in h):.0f} % |")
+    out += ["", f"The service in the same rounds, on a database of its own (`spread-hold`: holds "
+            f"a second, 201; `hold-commit`: sales a second, 200; wrk, 64 connections, {args.seconds} "
+            "s; bench/compare.py's scenarios), against the minimal schema's canonical "
+            "transactions: the schema's price and the service's own together. WAL per hold and "
+            "per sale, each run after a CHECKPOINT as the canonical ones are.", "",
+            "| transaction | minimal: per second | the service: per second | ratio (rounds) "
+            "| WAL per transaction | asset updates in place (HOT) |",
+            "|---|---:|---:|---|---|---|"]
+    for script in SCRIPTS:
+        m, v = runs[(script, "minimal")], runs[(script, "service")]
+        ratios = " / ".join(f"{b[0] / a[0]:.2f}" for a, b in zip(m, v))
+        wal_m, wal_v = statistics.median(x[1] for x in m), statistics.median(x[1] for x in v)
+        out.append(
+            f"| {script} ({SCENARIOS[script]}) | {statistics.median(x[0] for x in m):,.0f} "
+            f"| {statistics.median(x[0] for x in v):,.0f} "
+            f"| {statistics.median(b[0] / a[0] for a, b in zip(m, v)):.2f} ({ratios}) "
+            f"| {wal_m:,.0f} B → {wal_v:,.0f} B ({wal_v / wal_m:.2f}×) "
+            f"| {statistics.median(x[2] for x in m):.0f} % → {statistics.median(x[2] for x in v):.0f} % |")
     out += ["", "Indexes of the written tables:", ""]
     for name, text in indexes.items():
         out += [f"- {name}:"] + [f"  - {line}" for line in text.splitlines()]
