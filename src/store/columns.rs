@@ -50,62 +50,68 @@ impl<'a: 'r, 'r, R: Row<'a, DB>, DB: Backend> InOrder<'a, 'r, R, DB> {
 
 #[cfg(test)]
 mod tests {
+    use diesel::deserialize::{self, QueryableByName};
+    use diesel::row::NamedRow;
+    use diesel::sql_types::{BigInt, Nullable, Text};
+    use diesel::sqlite::Sqlite;
     use diesel::{sql_query, Connection, RunQueryDsl, SqliteConnection};
 
-    use crate::store::rows::HoldSnapshotRow;
+    use super::InOrder;
 
-    const COLUMNS: [&str; 14] = [
-        "now",
-        "status",
-        "hold_expires_at",
-        "available_from",
-        "current_reservation_id",
-        "price_amount",
-        "price_currency",
-        "waitlist_length",
-        "holder_client",
-        "holder_buyer",
-        "fingerprint",
-        "status_code",
-        "body",
-        "location",
-    ];
+    /// A row of three columns, read in order.
+    struct Lot {
+        name: String,
+        price: i64,
+        note: Option<String>,
+    }
 
-    /// A hold snapshot's row read from SQLite with `columns`, in that order.
-    fn read(columns: &[&str]) -> diesel::QueryResult<Vec<HoldSnapshotRow>> {
-        let mut conn = SqliteConnection::establish(":memory:").expect("an SQLite database");
+    impl QueryableByName<Sqlite> for Lot {
+        fn build<'a>(row: &impl NamedRow<'a, Sqlite>) -> deserialize::Result<Self> {
+            let mut c = InOrder::new(row);
+            let lot = Lot {
+                name: c.next::<Text, _>("name")?,
+                price: c.next::<BigInt, _>("price")?,
+                note: c.next::<Nullable<Text>, _>("note")?,
+            };
+            c.end()?;
+            Ok(lot)
+        }
+    }
+
+    /// The row SQLite answers for `columns`, in that order; the error as text.
+    fn read(columns: &[&str]) -> Result<Lot, String> {
+        let mut conn = SqliteConnection::establish(":memory:").map_err(|e| e.to_string())?;
         let values: Vec<String> = columns
             .iter()
             .map(|&name| match name {
-                "now" => format!("'2026-12-06T12:00:00.000000Z' AS {name}"),
-                "status" => format!("'HELD' AS {name}"),
-                "price_amount" | "waitlist_length" => format!("7 AS {name}"),
+                "name" => "'AB 1234 CD' AS name".to_owned(),
+                "price" => "7 AS price".to_owned(),
                 _ => format!("NULL AS {name}"),
             })
             .collect();
-        sql_query(format!("SELECT {}", values.join(", "))).load(&mut conn)
+        let rows: Vec<Lot> = sql_query(format!("SELECT {}", values.join(", ")))
+            .load(&mut conn)
+            .map_err(|e| e.to_string())?;
+        rows.into_iter().next().ok_or_else(|| "no row".to_owned())
     }
 
     #[test]
-    fn a_hold_snapshot_is_read_in_its_statements_order_and_checked_by_name() {
-        let rows = read(&COLUMNS).expect("the statement's own order");
-        assert_eq!(rows[0].status.as_deref(), Some("HELD"));
+    fn columns_are_read_in_order_and_each_name_is_checked() {
+        let lot = read(&["name", "price", "note"]).expect("the statement's own order");
         assert_eq!(
-            (rows[0].price_amount, rows[0].waitlist_length),
-            (Some(7), Some(7))
+            (lot.name.as_str(), lot.price, lot.note),
+            ("AB 1234 CD", 7, None)
         );
 
-        let mut swapped = COLUMNS;
-        swapped.swap(5, 7);
-        let error = read(&swapped).err().map(|e| e.to_string());
-        let error = error.expect("two columns swapped must not decode");
-        assert!(error.contains("`price_amount`"), "{error}");
-
-        let error = read(&COLUMNS[..13]).err().map(|e| e.to_string());
-        assert!(error.expect("a column missing").contains("`location`"));
-        let mut more = COLUMNS.to_vec();
-        more.push("extra");
-        let error = read(&more).err().map(|e| e.to_string());
-        assert!(error.expect("a column more").contains("15 columns"));
+        let swapped = read(&["price", "name", "note"]).err();
+        let swapped = swapped.expect("two columns swapped must not decode");
+        assert!(
+            swapped.contains("column 0") && swapped.contains("`name`"),
+            "{swapped}"
+        );
+        let missing = read(&["name", "price"]).err().expect("a column missing");
+        assert!(missing.contains("`note`"), "{missing}");
+        let more = read(&["name", "price", "note", "extra"]).err();
+        assert!(more.expect("a column more").contains("4 columns"));
     }
 }
