@@ -88,6 +88,19 @@ def pgbench(db: str, script: str, seconds: int, start: int) -> tuple[float, int,
         round(100 * (hot1 - hot0) / updates) if updates else 0
 
 
+def table_row(name: str, minimal: list, other: list) -> str:
+    """A table's row: the medians of `other`'s runs against `minimal`'s, each
+    run (rate, WAL per transaction, HOT %) paired with the one of its round."""
+    ratios = " / ".join(f"{b[0] / a[0]:.2f}" for a, b in zip(minimal, other))
+    wal_m, wal_o = statistics.median(x[1] for x in minimal), statistics.median(x[1] for x in other)
+    return (f"| {name} | {statistics.median(x[0] for x in minimal):,.0f} "
+            f"| {statistics.median(x[0] for x in other):,.0f} "
+            f"| {statistics.median(b[0] / a[0] for a, b in zip(minimal, other)):.2f} ({ratios}) "
+            f"| {wal_m:,.0f} B → {wal_o:,.0f} B ({wal_o / wal_m:.2f}×) "
+            f"| {statistics.median(x[2] for x in minimal):.0f} % → "
+            f"{statistics.median(x[2] for x in other):.0f} % |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,39 +176,20 @@ def main() -> int:
         f"minimal schema (bench/minimal_schema.sql) and on holdfast's, alternating for "
         f"{args.rounds} rounds; medians of the rounds. A hold-commit transaction is a hold and "
         "its sale (two transactions, counted as one).",
-        "",
-        "| transaction | minimal: per second | holdfast's: per second | ratio (rounds) "
-        "| WAL per transaction | asset updates in place (HOT) |",
-        "|---|---:|---:|---|---|---|",
     ]
-    for script in SCRIPTS:
-        m, h = runs[(script, "minimal")], runs[(script, "holdfast")]
-        ratios = " / ".join(f"{b[0] / a[0]:.2f}" for a, b in zip(m, h))
-        wal_m, wal_h = statistics.median(x[1] for x in m), statistics.median(x[1] for x in h)
-        out.append(
-            f"| {script} | {statistics.median(x[0] for x in m):,.0f} "
-            f"| {statistics.median(x[0] for x in h):,.0f} "
-            f"| {statistics.median(b[0] / a[0] for a, b in zip(m, h)):.2f} ({ratios}) "
-            f"| {wal_m:,.0f} B → {wal_h:,.0f} B ({wal_h / wal_m:.2f}×) "
-            f"| {statistics.median(x[2] for x in m):.0f} % → {statistics.median(x[2] for x in h):.0f} % |")
-    out += ["", f"The service in the same rounds, on a database of its own (`spread-hold`: holds "
-            f"a second, 201; `hold-commit`: sales a second, 200; wrk, 64 connections, {args.seconds} "
-            "s; bench/compare.py's scenarios), against the minimal schema's canonical "
-            "transactions: the schema's price and the service's own together. WAL per hold and "
-            "per sale, each run after a CHECKPOINT as the canonical ones are.", "",
-            "| transaction | minimal: per second | the service: per second | ratio (rounds) "
-            "| WAL per transaction | asset updates in place (HOT) |",
-            "|---|---:|---:|---|---|---|"]
-    for script in SCRIPTS:
-        m, v = runs[(script, "minimal")], runs[(script, "service")]
-        ratios = " / ".join(f"{b[0] / a[0]:.2f}" for a, b in zip(m, v))
-        wal_m, wal_v = statistics.median(x[1] for x in m), statistics.median(x[1] for x in v)
-        out.append(
-            f"| {script} ({SCENARIOS[script]}) | {statistics.median(x[0] for x in m):,.0f} "
-            f"| {statistics.median(x[0] for x in v):,.0f} "
-            f"| {statistics.median(b[0] / a[0] for a, b in zip(m, v)):.2f} ({ratios}) "
-            f"| {wal_m:,.0f} B → {wal_v:,.0f} B ({wal_v / wal_m:.2f}×) "
-            f"| {statistics.median(x[2] for x in m):.0f} % → {statistics.median(x[2] for x in v):.0f} % |")
+    for other, label in (("holdfast", "holdfast's"), ("service", "the service")):
+        if other == "service":
+            out += ["", f"The service in the same rounds, on a database of its own (`spread-hold`: "
+                    f"holds a second, 201; `hold-commit`: sales a second, 200; wrk, 64 connections, "
+                    f"{args.seconds} s; bench/compare.py's scenarios), against the minimal schema's "
+                    "canonical transactions: the schema's price and the service's own together. "
+                    "WAL per hold and per sale, each run after a CHECKPOINT as the canonical ones "
+                    "are."]
+        out += ["", f"| transaction | minimal: per second | {label}: per second | ratio (rounds) "
+                "| WAL per transaction | asset updates in place (HOT) |", "|---|---:|---:|---|---|---|"]
+        for script in SCRIPTS:
+            name = f"{script} ({SCENARIOS[script]})" if other == "service" else script
+            out.append(table_row(name, runs[(script, "minimal")], runs[(script, other)]))
     out += ["", "Indexes of the written tables:", ""]
     for name, text in indexes.items():
         out += [f"- {name}:"] + [f"  - {line}" for line in text.splitlines()]
