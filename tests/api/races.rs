@@ -6,29 +6,37 @@ use serde_json::{json, Value};
 use crate::backend_tests;
 use crate::helpers::{series, Backend, TestApp};
 
-async fn a_hundred_buyers_on_one_asset_make_one_winner(app: TestApp) {
-    app.create_asset("HOT-1").await;
-    let responses = join_all((0..100).map(|i| {
-        let app = &app;
-        async move {
-            let response = app
-                .post(
-                    "/v1/assets/HOT-1/reservations",
-                    Some(&format!("buyer-key-{i}")),
-                    &json!({"buyer_id": format!("buyer-{i}")}),
-                )
-                .await;
-            let status = response.status().as_u16();
-            let body: Value = response.json().await.unwrap();
-            (status, body)
-        }
+/// `n` buyers (`{name}-{i}`, each under its key `{name}-key-{i}`) holding
+/// `asset` at once: each one's status and body.
+async fn buyers_at_once(app: &TestApp, asset: &str, n: usize, name: &str) -> Vec<(u16, Value)> {
+    join_all((0..n).map(|i| async move {
+        let response = app
+            .post(
+                &format!("/v1/assets/{asset}/reservations"),
+                Some(&format!("{name}-key-{i}")),
+                &json!({"buyer_id": format!("{name}-{i}")}),
+            )
+            .await;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap();
+        (status, body)
     }))
-    .await;
-    let winners: Vec<&Value> = responses
+    .await
+}
+
+/// The bodies of the 201s.
+fn created(responses: &[(u16, Value)]) -> Vec<&Value> {
+    responses
         .iter()
         .filter(|(s, _)| *s == 201)
         .map(|(_, b)| b)
-        .collect();
+        .collect()
+}
+
+async fn a_hundred_buyers_on_one_asset_make_one_winner(app: TestApp) {
+    app.create_asset("HOT-1").await;
+    let responses = buyers_at_once(&app, "HOT-1", 100, "buyer").await;
+    let winners = created(&responses);
     let losers = responses
         .iter()
         .filter(|(s, b)| *s == 409 && b["error_code"] == "ASSET_UNAVAILABLE")
@@ -54,27 +62,8 @@ async fn fifty_buyers_on_a_lapsed_hold_make_one_winner(app: TestApp) {
     let first = app.hold("LAPSED-1", "early", 300).await;
     let first = first["reservation_id"].as_str().unwrap().to_owned();
     app.lapse(&first).await;
-    let responses = join_all((0..50).map(|i| {
-        let app = &app;
-        async move {
-            let response = app
-                .post(
-                    "/v1/assets/LAPSED-1/reservations",
-                    Some(&format!("late-key-{i}")),
-                    &json!({"buyer_id": format!("late-{i}")}),
-                )
-                .await;
-            let status = response.status().as_u16();
-            let body: Value = response.json().await.unwrap();
-            (status, body)
-        }
-    }))
-    .await;
-    let winners: Vec<&Value> = responses
-        .iter()
-        .filter(|(s, _)| *s == 201)
-        .map(|(_, b)| b)
-        .collect();
+    let responses = buyers_at_once(&app, "LAPSED-1", 50, "late").await;
+    let winners = created(&responses);
     assert_eq!(winners.len(), 1, "{responses:?}");
     assert!(
         responses
