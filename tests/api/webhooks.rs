@@ -20,8 +20,10 @@ fn dispatcher(app: &TestApp, url: &str, max_attempts: i32) -> Dispatcher {
             secret: Secret::new(SECRET),
             timeout: Duration::from_secs(2),
             max_attempts,
-            retry_base: Duration::from_millis(40),
-            retry_max: Duration::from_millis(200),
+            // Far longer than any test runs: a retry is due only once the
+            // test ages it (`backoff_passes`), never because the host was slow.
+            retry_base: Duration::from_secs(600),
+            retry_max: Duration::from_secs(3600),
         },
     )
     .unwrap()
