@@ -22,7 +22,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -90,11 +89,7 @@ def main() -> int:
     parser.add_argument("--tps-max", type=int, default=6000,
                         help="room for this many transactions a second per run")
     args = parser.parse_args()
-    binary = args.bin
-    if not binary:
-        subprocess.run(["cargo", "build", "-q", "--release", "--bin", "holdfast"], cwd=ROOT,
-                       check=True)
-        binary = os.path.join(ROOT, "target/release/holdfast")
+    binary = schema_price.release_binary(args.bin)
     started, load = time.monotonic(), os.getloadavg()[0]
     per_run = (args.seconds + 2) * args.tps_max // schema_price.CLIENTS + 50
     names = ["holdfast's schema", *WITHOUT]
@@ -116,13 +111,7 @@ def main() -> int:
 
     try:
         for name, db in dbs.items():
-            psql(f"CREATE DATABASE {db}")
-            if name == MINIMAL:
-                with open(os.path.join(ROOT, "bench/minimal_schema.sql")) as f:
-                    psql(f.read(), db)
-            else:
-                subprocess.run([binary, "migrate"], check=True, capture_output=True, env=dict(
-                    os.environ, HOLDFAST_DATABASE_URL=f"{schema_price.PG}/{db}"))
+            schema_price.create(db, name == MINIMAL, binary)
             for statement in WITHOUT.get(name, []):
                 psql(statement, db)
             print(f"seeding: {name}", file=sys.stderr)

@@ -58,6 +58,26 @@ def seed(db: str, slots: int) -> None:
     psql("VACUUM ANALYZE", db)
 
 
+def release_binary(given: str | None) -> str:
+    """`given`, or the working tree's release build (built now)."""
+    if given:
+        return given
+    subprocess.run(["cargo", "build", "-q", "--release", "--bin", "holdfast"], cwd=ROOT,
+                   check=True)
+    return os.path.join(ROOT, "target/release/holdfast")
+
+
+def create(db: str, minimal: bool, binary: str) -> None:
+    """Database `db` with the minimal schema, or migrated by `binary`."""
+    psql(f"CREATE DATABASE {db}")
+    if minimal:
+        with open(os.path.join(ROOT, "bench/minimal_schema.sql")) as f:
+            psql(f.read(), db)
+    else:
+        subprocess.run([binary, "migrate"], check=True, capture_output=True,
+                       env=dict(os.environ, HOLDFAST_DATABASE_URL=f"{PG}/{db}"))
+
+
 def counters(db: str) -> tuple[int, int, int]:
     """WAL bytes written so far, and the assets' updates and HOT updates."""
     wal = int(float(psql("SELECT wal_bytes FROM pg_stat_wal", db)))
@@ -108,11 +128,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bin", help="holdfast binary (default: cargo build --release)")
     args = parser.parse_args()
-    binary = args.bin
-    if not binary:
-        subprocess.run(["cargo", "build", "-q", "--release", "--bin", "holdfast"], cwd=ROOT,
-                       check=True)
-        binary = os.path.join(ROOT, "target/release/holdfast")
+    binary = release_binary(args.bin)
     started = time.monotonic()
     load = os.getloadavg()[0]
     # Every round of both scripts takes its own assets: slots per client.
@@ -125,13 +141,7 @@ def main() -> int:
     service = None
     try:
         for name, db in dbs.items():
-            psql(f"CREATE DATABASE {db}")
-            if name == "minimal":
-                with open(os.path.join(ROOT, "bench/minimal_schema.sql")) as f:
-                    psql(f.read(), db)
-            else:
-                env = dict(os.environ, HOLDFAST_DATABASE_URL=f"{PG}/{db}")
-                subprocess.run([binary, "migrate"], env=env, check=True, capture_output=True)
+            create(db, name == "minimal", binary)
             print(f"seeding {name}: {CLIENTS * slots * 2:,} assets", file=sys.stderr)
             seed(db, slots)
         print("seeding the service's database", file=sys.stderr)
