@@ -114,6 +114,7 @@ impl Application {
             store: store.clone(),
             openapi_json: api.to_pretty_json().unwrap_or_default(),
             api: config.api_settings(),
+            running: Default::default(),
         });
         let server =
             HttpServer::new(move || http::app(state.clone(), routes.clone(), guard.clone()))

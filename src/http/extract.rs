@@ -17,6 +17,7 @@ use utoipa::IntoParams;
 use super::access::Caller;
 use super::docs::parameter;
 use super::error::ApiError;
+use super::running::{InUse, Mark};
 use super::AppState;
 use crate::domain::{FieldError, IdempotencyKey};
 use crate::keys::hex;
@@ -57,11 +58,14 @@ impl FromRequest for IdempotencyKeyHeader {
 /// A request that changes something under an `Idempotency-Key`: who calls
 /// (checked first), the key bound to this exact request (scoped by the
 /// caller's key name; its fingerprint covers method, route, path parameters
-/// and the canonical JSON body), and the body.
+/// and the canonical JSON body), and the body. It is extracted once no
+/// request with the same caller and key runs on this instance, and marks
+/// the key as running for as long as it lives.
 pub struct KeyedRequest<T, const OPTIONAL: bool = false> {
     pub caller: Caller,
     pub idempotency: Idempotency,
     pub body: T,
+    _running: Option<Mark>,
 }
 
 impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest
@@ -75,6 +79,7 @@ impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest
         let key = IdempotencyKeyHeader::extract(req).into_inner();
         let route = route_fingerprint(req);
         let body = JsonBody::<T, OPTIONAL>::from_request(req, payload);
+        let state = req.app_data::<web::Data<AppState>>().cloned();
         Box::pin(async move {
             let (caller, key) = (caller?, key?);
             let body = body.await?;
@@ -86,10 +91,25 @@ impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest
                 key: key.0,
                 fingerprint: hex(&fingerprint.finalize()),
             };
+            let running = match state {
+                Some(state) => {
+                    let patience = state.store.settings().call_timeout;
+                    let key = idempotency.key.as_str();
+                    let entered = state.running.enter(&idempotency.client, key, patience);
+                    Some(entered.await.map_err(|InUse| {
+                        ApiError::new(
+                            ErrorCode::IdempotencyKeyInUse,
+                            "a request with this Idempotency-Key is still running; retry shortly",
+                        )
+                    })?)
+                }
+                None => None,
+            };
             Ok(Self {
                 caller,
                 idempotency,
                 body: body.value,
+                _running: running,
             })
         })
     }

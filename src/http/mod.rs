@@ -17,6 +17,7 @@ mod paths;
 mod payments;
 mod refunds;
 mod reservations;
+mod running;
 mod waitlist;
 
 use actix_web::http::{header, Method};
@@ -45,6 +46,8 @@ pub struct AppState {
     pub api: ApiSettings,
     /// The OpenAPI document, rendered once.
     pub openapi_json: String,
+    /// The keyed requests running on this instance.
+    pub running: running::Running,
 }
 
 /// What handlers take to reach it.

@@ -437,6 +437,7 @@ const BODY: &[(u16, &[ErrorCode])] = &[
 ];
 const KEYED_BODY: &[(u16, &[ErrorCode])] = &[
     (400, &[MalformedJson, IdempotencyKeyInvalid]),
+    (409, &[IdempotencyKeyInUse]),
     (413, &[PayloadTooLarge]),
     (415, &[UnsupportedMediaType]),
     (422, &[ValidationFailed, IdempotencyKeyReused]),

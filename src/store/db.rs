@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::api::{Answer, DatabaseUrl, Policy, PoolStatus, Render, Rendered, StoreSettings};
 use super::coalesce::{BatchFuture, Coalescer, Gather};
 use super::conn::{self, Conn};
-use super::error::{is_unique_violation, Abort, StoreError, StoreResult};
+use super::error::{is_unique_violation, Abort, Context, StoreError, StoreResult};
 use super::outcome;
 use super::postgres::{self, Sessions};
 use super::rows::{HoldSnapshotRow, SnapshotInput};
@@ -238,6 +238,29 @@ impl Store {
             }
         };
         moved_or(result)
+    }
+
+    /// Waits until the writes in flight on `asset` have ended, committed or
+    /// rolled back, so that a read after it sees what they kept. Every
+    /// change writes the asset's row (its events are numbered there), so a
+    /// row lock that shares with none of them is granted only after them.
+    pub(crate) async fn after_writes_on(&self, asset: &str) -> StoreResult<()> {
+        const CONTEXT: &str = "wait for the writes on the asset";
+        match &self.backend {
+            Backend::Postgres(s) => {
+                let asset = asset.to_owned();
+                s.sessions()
+                    .run(async move |c| {
+                        let wait =
+                            diesel::sql_query("SELECT 1 FROM assets WHERE id = $1 FOR SHARE")
+                                .bind::<diesel::sql_types::Text, _>(asset);
+                        Conn::Pg(c).execute(wait).await.context(CONTEXT)?;
+                        Ok(())
+                    })
+                    .await
+            }
+            Backend::Sqlite(s) => s.after_writes(CONTEXT).await,
+        }
     }
 
     /// Like [`Store::write`], for work that on PostgreSQL is one statement

@@ -151,6 +151,12 @@ pub(crate) fn current() -> Option<Arc<Gate>> {
     GATE.try_with(Arc::clone).ok()
 }
 
+/// Whether the current call may have written something so far (true
+/// outside any call, where nothing tells).
+pub(crate) fn wrote() -> bool {
+    current().is_none_or(|gate| gate.outcome() == WriteOutcome::Unknown)
+}
+
 /// Instrumentation of a PostgreSQL connection: it marks the current call's
 /// gate around every COMMIT, and tells the pool which statements committed
 /// (each COMMIT, and each write sent on its own, which [`sent_alone`] marks

@@ -182,6 +182,18 @@ impl SqliteStore {
             .await
     }
 
+    /// Waits until the writes queued before this call have ended: an empty
+    /// write queued behind them, outside any call's gate.
+    pub(crate) async fn after_writes(&self, context: &'static str) -> StoreResult<()> {
+        let empty = self
+            .commits
+            .write(context, None, |_| Err::<(), _>(Abort::Retry));
+        match empty.await? {
+            Ok(()) | Err(Abort::Retry) => Ok(()),
+            Err(other) => Err(other.into_error()),
+        }
+    }
+
     pub async fn migrate(&self) -> StoreResult<()> {
         run(&self.writer, "migrate", |conn| {
             conn.run_pending_migrations(MIGRATIONS)

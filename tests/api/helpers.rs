@@ -80,6 +80,31 @@ impl TestApp {
         backend: Backend,
         adjust: impl FnOnce(&mut Config),
     ) -> Option<Self> {
+        Self::try_spawn_instances(backend, adjust, false).await
+    }
+
+    /// Like [`TestApp::try_spawn_with`], with a second instance on the same
+    /// database on PostgreSQL (an embedded SQLite file has one instance):
+    /// [`TestApp::instances`] names them.
+    pub async fn try_spawn_twins(
+        backend: Backend,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Option<Self> {
+        Self::try_spawn_instances(backend, adjust, backend == Backend::Postgres).await
+    }
+
+    /// The address of each instance serving the app.
+    pub fn instances(&self) -> Vec<&str> {
+        std::iter::once(self.address.as_str())
+            .chain(self.twin.as_ref().map(|(twin, _)| twin.as_str()))
+            .collect()
+    }
+
+    async fn try_spawn_instances(
+        backend: Backend,
+        adjust: impl FnOnce(&mut Config),
+        twins: bool,
+    ) -> Option<Self> {
         let db = TestDb::create(backend).await?;
         let mut config = Config::with_database(db.url.clone());
         config.bind = "127.0.0.1:0".parse().expect("a socket address");
@@ -99,6 +124,10 @@ impl TestApp {
                 let mut twin = config.clone();
                 twin.migration_database_url = Some(db.url.clone());
                 let (address, _, server) = Self::serve(twin).await;
+                Some((address, server))
+            }
+            None if twins => {
+                let (address, _, server) = Self::serve(config.clone()).await;
                 Some((address, server))
             }
             None => None,

@@ -1,7 +1,9 @@
+use std::time::Duration;
+
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::TestApp;
+use crate::helpers::{Backend, TestApp};
 
 async fn replay_of_a_201_is_a_byte_identical_200(app: TestApp) {
     app.create_asset("I-1").await;
@@ -141,10 +143,101 @@ async fn stored_409_with_refund_replays_as_409(app: TestApp) {
     assert_eq!(replay.bytes().await.unwrap(), first_bytes);
 }
 
+/// A retry sent while the first attempt still runs (its client gave up on
+/// it) waits for it and replays its answer, on the instance that runs it
+/// and on another one: never a refusal decided on a read the first
+/// attempt's write had not reached yet.
+///
+/// The first release decides on a live hold, then waits behind a lock held
+/// outside the service while the hold lapses; a retry deciding on its own
+/// read would find the hold EXPIRED and answer 409 RESERVATION_NOT_ACTIVE,
+/// and the first would release it after all.
+async fn a_retry_of_a_running_request_replays_its_answer(backend: Backend) {
+    let Some(app) = TestApp::try_spawn_twins(backend, |c| {
+        c.db_lock_timeout_ms = 15_000;
+        c.db_statement_timeout_ms = 20_000;
+        c.db_timeout_ms = 25_000;
+    })
+    .await
+    else {
+        return;
+    };
+    let instances = app.instances();
+    let (first, last) = (instances[0], instances[instances.len() - 1]);
+    retry_while_running(&app, "I-7", first, first).await;
+    if first != last {
+        retry_while_running(&app, "I-8", first, last).await;
+    }
+}
+
+/// Releases a hold on `first` and retries the release on `retry` while the
+/// first attempt waits to write.
+async fn retry_while_running(app: &TestApp, asset: &str, first: &str, retry: &str) {
+    app.create_asset(asset).await;
+    let hold = app.hold(asset, "b", 60).await;
+    let id = hold["reservation_id"].as_str().expect("an id").to_owned();
+    // It lapses in 1.5 s.
+    app.age_hold(&id, Duration::from_millis(58_500)).await;
+    let lock = match app.backend {
+        Backend::Postgres => format!("BEGIN; SELECT * FROM assets WHERE id = '{asset}' FOR UPDATE"),
+        Backend::Sqlite => {
+            format!("BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = '{asset}'")
+        }
+    };
+    let blocker = app.hold_lock_open(&lock).await;
+    let release = |address: &str| {
+        let request = app
+            .client
+            .post(format!("{address}/v1/reservations/{id}/release"))
+            .header("Idempotency-Key", format!("release-{asset}"))
+            .json(&json!({}))
+            .send();
+        async move {
+            let response = request.await.expect("sent");
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let status = response.status().as_u16();
+            (status, replayed, response.text().await.expect("a body"))
+        }
+    };
+    let attempt = tokio::spawn(release(first));
+    if app.backend == Backend::Postgres {
+        app.lock_waiters(1).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let retried = tokio::spawn(release(retry));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !retried.is_finished(),
+        "the retry answered while the first attempt ran"
+    );
+    blocker.release().await;
+    let (attempt, retried) = (
+        attempt.await.expect("joined"),
+        retried.await.expect("joined"),
+    );
+    let body: Value = serde_json::from_str(&attempt.2).expect("JSON");
+    if app.backend == Backend::Sqlite && attempt.0 == 409 {
+        // SQLite's write checks the hold at its own clock, after the lapse:
+        // the first attempt refuses too, and stores nothing.
+        assert_eq!(body["error_code"], "RESERVATION_NOT_ACTIVE", "{body}");
+        let again: Value = serde_json::from_str(&retried.2).expect("JSON");
+        assert_eq!(
+            (retried.0, again["error_code"].clone()),
+            (409, body["error_code"].clone())
+        );
+        return;
+    }
+    assert_eq!((attempt.0, attempt.1), (200, false), "{}", attempt.2);
+    assert_eq!(body["status"], "RELEASED");
+    assert_eq!((retried.0, retried.1), (200, true), "{}", retried.2);
+    assert_eq!(retried.2, attempt.2);
+}
+
 backend_tests!(
     replay_of_a_201_is_a_byte_identical_200,
     the_key_is_required_and_bounded,
     same_key_for_another_request_is_422_reused,
     rejections_are_not_stored_so_a_retry_runs_again,
-    stored_409_with_refund_replays_as_409,
+    stored_409_with_refund_replays_as_409;
+    backend: a_retry_of_a_running_request_replays_its_answer,
 );

@@ -133,10 +133,17 @@ impl Target {
     /// target's payment) and answers from it. While `act` answers `None`
     /// (its write found the state moved), the reservation is read again and
     /// decided again.
+    ///
+    /// An answer that wrote nothing is given only from a snapshot taken
+    /// after the writes then in flight on the asset ended. An earlier
+    /// attempt of this very request (a client that gave up on it, a retry
+    /// sent to another instance) may be one of them: its answer is then
+    /// replayed, instead of a refusal decided on a read it had not reached.
     pub(crate) async fn act<T, A>(self, store: &Store, mut act: A) -> StoreResult<Keyed<T>>
     where
         A: AsyncFnMut(Reservation, Timestamp, Option<PaymentFate>) -> StoreResult<Option<T>>,
     {
+        let mut settled = false;
         for _ in 0..MAX_ATTEMPTS {
             let snap = self.snapshot(store).await?;
             if let Some(stored) = snap.stored {
@@ -148,8 +155,14 @@ impl Target {
             let Some(reservation) = seen else {
                 return Ok(Keyed::NotFound);
             };
+            let asset = reservation.asset_id.clone();
+            let wrote_before = super::outcome::wrote();
             if let Some(outcome) = act(reservation, snap.now, snap.fate).await? {
-                return Ok(Keyed::Done(outcome));
+                if settled || wrote_before || super::outcome::wrote() {
+                    return Ok(Keyed::Done(outcome));
+                }
+                store.after_writes_on(&asset).await?;
+                settled = true;
             }
         }
         Err(contention(self.context))
