@@ -408,6 +408,13 @@ pub fn key_reused() -> Problem {
     )
 }
 
+pub fn key_in_use() -> Problem {
+    Problem::new(
+        ErrorCode::IdempotencyKeyInUse,
+        "An earlier request with this Idempotency-Key is still running; retry shortly.",
+    )
+}
+
 pub fn validation_failed(errors: Vec<FieldError>) -> Problem {
     Problem::new(
         ErrorCode::ValidationFailed,

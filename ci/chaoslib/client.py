@@ -20,9 +20,8 @@ IMPATIENT_SHARE = 0.04
 IMPATIENT_TIMEOUT = (0.002, 0.08)
 
 # Answers a client treats as "no answer": it retries with the same key and
-# body. IDEMPOTENCY_KEY_IN_USE is no longer documented (a duplicate waits and
-# replays); the client still tolerates it, and the checks count it as an
-# undocumented answer.
+# body. IDEMPOTENCY_KEY_IN_USE answers a duplicate only when the first attempt
+# still runs after the duplicate waited its call timeout for it.
 RETRYABLE_CODES = {"IDEMPOTENCY_KEY_IN_USE", "RATE_LIMITED"}
 
 

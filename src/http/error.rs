@@ -227,6 +227,7 @@ impl Answers {
                 ("replayed", Reply::from(stored))
             }
             Keyed::KeyReused => ("rejected", reply::key_reused().into_reply()),
+            Keyed::InUse => ("in_use", reply::key_in_use().into_reply()),
             Keyed::NotFound => self.not_found(),
         })
     }

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use actix_web::dev::Payload;
 use actix_web::http::header;
@@ -17,7 +18,6 @@ use utoipa::IntoParams;
 use super::access::Caller;
 use super::docs::parameter;
 use super::error::ApiError;
-use super::running::{InUse, Mark};
 use super::AppState;
 use crate::domain::{FieldError, IdempotencyKey};
 use crate::keys::hex;
@@ -58,14 +58,12 @@ impl FromRequest for IdempotencyKeyHeader {
 /// A request that changes something under an `Idempotency-Key`: who calls
 /// (checked first), the key bound to this exact request (scoped by the
 /// caller's key name; its fingerprint covers method, route, path parameters
-/// and the canonical JSON body), and the body. It is extracted once no
-/// request with the same caller and key runs on this instance, and marks
-/// the key as running for as long as it lives.
+/// and the canonical JSON body), marked as running on this instance for as
+/// long as it or its work lives, and the body.
 pub struct KeyedRequest<T, const OPTIONAL: bool = false> {
     pub caller: Caller,
     pub idempotency: Idempotency,
     pub body: T,
-    _running: Option<Mark>,
 }
 
 impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest
@@ -86,30 +84,17 @@ impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest
             let mut fingerprint = route;
             fingerprint.update([0]);
             fingerprint.update(&body.canonical);
+            let running = state.map(|s| Arc::new(s.running.enter(&caller.name, key.0.as_str())));
             let idempotency = Idempotency {
                 client: caller.name.clone(),
                 key: key.0,
                 fingerprint: hex(&fingerprint.finalize()),
-            };
-            let running = match state {
-                Some(state) => {
-                    let patience = state.store.settings().call_timeout;
-                    let key = idempotency.key.as_str();
-                    let entered = state.running.enter(&idempotency.client, key, patience);
-                    Some(entered.await.map_err(|InUse| {
-                        ApiError::new(
-                            ErrorCode::IdempotencyKeyInUse,
-                            "a request with this Idempotency-Key is still running; retry shortly",
-                        )
-                    })?)
-                }
-                None => None,
+                running,
             };
             Ok(Self {
                 caller,
                 idempotency,
                 body: body.value,
-                _running: running,
             })
         })
     }

@@ -17,7 +17,6 @@ mod paths;
 mod payments;
 mod refunds;
 mod reservations;
-mod running;
 mod waitlist;
 
 use actix_web::http::{header, Method};
@@ -47,7 +46,7 @@ pub struct AppState {
     /// The OpenAPI document, rendered once.
     pub openapi_json: String,
     /// The keyed requests running on this instance.
-    pub running: running::Running,
+    pub running: crate::store::Running,
 }
 
 /// What handlers take to reach it.

@@ -51,6 +51,20 @@ pub struct Idempotency {
     pub key: IdempotencyKey,
     /// Hash of method, route, path parameters and canonical body.
     pub fingerprint: String,
+    /// This attempt, marked as running on this instance.
+    pub running: Option<std::sync::Arc<super::Mark>>,
+}
+
+impl Idempotency {
+    /// Before an answer that wrote nothing: waits for the earlier attempts
+    /// of this request still running here (for at most `patience`); false
+    /// when one still runs. True at once when none does.
+    pub(crate) async fn after_earlier(&self, patience: std::time::Duration) -> bool {
+        match &self.running {
+            Some(mark) if mark.behind() => Box::pin(mark.after_earlier(patience)).await,
+            _ => true,
+        }
+    }
 }
 
 /// An answer as the client was given it, to be given again on a replay.
@@ -105,6 +119,8 @@ pub enum Keyed<T> {
     Replayed(Rendered),
     KeyReused,
     NotFound,
+    /// An earlier attempt of the same request still runs.
+    InUse,
 }
 
 /// The rules the store applies, fixed when it is built.

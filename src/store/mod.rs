@@ -34,6 +34,7 @@ mod plans;
 pub mod postgres;
 mod read;
 mod rows;
+mod running;
 mod schema;
 pub mod sqlite;
 mod sweep;
@@ -51,6 +52,7 @@ pub fn audit_checks() -> usize {
 pub use db::Store;
 pub use error::{StoreError, StoreResult};
 pub use outcome::WriteOutcome;
+pub use running::{Mark, Running};
 /// The hold's statements on PostgreSQL, for the benchmark's pgbench scripts.
 pub use tx::hold::{HOLD_SNAPSHOT_ONE_SQL, HOLD_SNAPSHOT_SQL, HOLD_SQL};
 pub use tx::import::{ImportReport, Importer};

@@ -54,6 +54,12 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
         let lapsed = seen.holding.clone();
         let displaced = match hold_decision(Some(seen.target), snap.now) {
             HoldDecision::NotFound => return Ok(Keyed::NotFound),
+            HoldDecision::SaleNotOpen { .. } | HoldDecision::Unavailable { .. } if behind(req) => {
+                match after_earlier(store, req).await {
+                    true => continue,
+                    false => return Ok(Keyed::InUse),
+                }
+            }
             HoldDecision::SaleNotOpen { available_from } => {
                 return Ok(Keyed::Done(HoldOutcome::SaleNotOpen { available_from }))
             }
@@ -130,6 +136,12 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
                     draft.reservation,
                 ))))
             }
+            Some((Claim::LimitReached, _)) if behind(req) => {
+                match after_earlier(store, req).await {
+                    true => continue,
+                    false => return Ok(Keyed::InUse),
+                }
+            }
             Some((Claim::LimitReached, draft)) => {
                 let limit = draft.policy.max_live_holds.unwrap_or_default();
                 return Ok(Keyed::Done(HoldOutcome::LimitReached { limit }));
@@ -138,6 +150,21 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
         }
     }
     Err(contention("hold the asset"))
+}
+
+/// Whether an earlier attempt of this hold still runs here: a refusal
+/// waits for it to end, then reads again.
+fn behind(req: &HoldRequest) -> bool {
+    req.idempotency
+        .running
+        .as_ref()
+        .is_some_and(|mark| mark.behind())
+}
+
+/// Waits for the earlier attempts of this hold: false when one outlasts
+/// the patience.
+async fn after_earlier(store: &Store, req: &HoldRequest) -> bool {
+    req.idempotency.after_earlier(super::patience(store)).await
 }
 
 /// The asset as the hold's first read saw it.

@@ -74,6 +74,12 @@ pub(crate) fn answered<T>(stored: StoredAnswer, idempotency: &Idempotency) -> Ke
     }
 }
 
+/// How long an answer that wrote nothing waits for an earlier attempt of
+/// the same request: half the call's time, which leaves it the other half.
+pub(crate) fn patience(store: &Store) -> std::time::Duration {
+    store.settings().call_timeout / 2
+}
+
 /// The 503 of a request whose row kept changing under it.
 pub(crate) fn contention(context: &'static str) -> StoreError {
     StoreError::unavailable(context, "the row kept changing under concurrent requests")
@@ -135,10 +141,12 @@ impl Target {
     /// decided again.
     ///
     /// An answer that wrote nothing is given only from a snapshot taken
-    /// after the writes then in flight on the asset ended. An earlier
-    /// attempt of this very request (a client that gave up on it, a retry
-    /// sent to another instance) may be one of them: its answer is then
-    /// replayed, instead of a refusal decided on a read it had not reached.
+    /// after the earlier attempts of this request running on this instance
+    /// ended (or `InUse` when one outlasts [`patience`]), and after the
+    /// writes then in flight on the asset ended. An earlier attempt (a
+    /// client that gave up on it, a retry sent to another instance) may be
+    /// one of them: its answer is then replayed, instead of a refusal
+    /// decided on a read it had not reached.
     pub(crate) async fn act<T, A>(self, store: &Store, mut act: A) -> StoreResult<Keyed<T>>
     where
         A: AsyncFnMut(Reservation, Timestamp, Option<PaymentFate>) -> StoreResult<Option<T>>,
@@ -160,6 +168,9 @@ impl Target {
             if let Some(outcome) = act(reservation, snap.now, snap.fate).await? {
                 if settled || wrote_before || super::outcome::wrote() {
                     return Ok(Keyed::Done(outcome));
+                }
+                if !self.idempotency.after_earlier(patience(store)).await {
+                    return Ok(Keyed::InUse);
                 }
                 store.after_writes_on(&asset).await?;
                 settled = true;

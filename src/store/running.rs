@@ -1,0 +1,168 @@
+//! The keyed requests this instance is running. Requests with the same
+//! caller and `Idempotency-Key` run side by side (replays and writes need
+//! nothing more: a replay reads the stored answer, a write conflicts on the
+//! key), but one about to answer with something that wrote nothing first
+//! waits for the attempts of the same request that came before it and still
+//! run, then reads again: it replays what they stored instead of refusing on
+//! a read their writes had not reached. Only earlier attempts are waited
+//! for, so two refusals never wait for each other.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+/// A caller and one of its keys.
+type KeyOf = (String, String);
+
+/// The keys of the requests running, each with the order its attempts came
+/// in and what waiting attempts are woken by.
+#[derive(Debug, Default, Clone)]
+pub struct Running {
+    keys: Arc<Mutex<HashMap<KeyOf, Attempts>>>,
+    next: Arc<AtomicU64>,
+}
+
+#[derive(Debug, Default)]
+struct Attempts {
+    /// The arrival number of each attempt running.
+    running: Vec<u64>,
+    /// Notified whenever one of them ends.
+    ended: Arc<Notify>,
+}
+
+impl Running {
+    /// Marks an attempt of `client`'s `key` as running for as long as the
+    /// mark lives.
+    pub fn enter(&self, client: &str, key: &str) -> Mark {
+        let id = (client.to_owned(), key.to_owned());
+        let arrival = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.entry(id.clone()).or_default().running.push(arrival);
+        Mark {
+            running: self.clone(),
+            id,
+            arrival,
+        }
+    }
+}
+
+/// An attempt marked as running; dropping it wakes the later attempts that
+/// wait for it.
+#[derive(Debug)]
+pub struct Mark {
+    running: Running,
+    id: KeyOf,
+    arrival: u64,
+}
+
+impl Mark {
+    /// Whether an attempt of the same request that came before this one
+    /// still runs here.
+    pub fn behind(&self) -> bool {
+        self.earlier().is_some()
+    }
+
+    /// Waits until no earlier attempt runs: false when one still does after
+    /// `patience`.
+    pub async fn after_earlier(&self, patience: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let Some(ended) = self.earlier() else {
+                return true;
+            };
+            let notified = ended.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // One may have ended between the look and `enable`.
+            if self.earlier().is_none() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// What an earlier attempt's end notifies, while one runs.
+    fn earlier(&self) -> Option<Arc<Notify>> {
+        let keys = self
+            .running
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let attempts = keys.get(&self.id)?;
+        let before = attempts.running.iter().any(|&a| a < self.arrival);
+        before.then(|| attempts.ended.clone())
+    }
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        let mut keys = self
+            .running
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(attempts) = keys.get_mut(&self.id) else {
+            return;
+        };
+        attempts.running.retain(|&a| a != self.arrival);
+        attempts.ended.notify_waiters();
+        if attempts.running.is_empty() {
+            keys.remove(&self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHORT: Duration = Duration::from_millis(50);
+
+    #[tokio::test]
+    async fn a_later_attempt_waits_for_the_earlier_one() {
+        let running = Running::default();
+        let first = running.enter("shop", "k1");
+        let later = running.enter("shop", "k1");
+        assert!(later.behind());
+        assert!(!first.behind(), "the first waits for nobody");
+        let waiting =
+            tokio::spawn(async move { later.after_earlier(Duration::from_secs(5)).await });
+        tokio::time::sleep(SHORT).await;
+        assert!(!waiting.is_finished(), "went on while the first ran");
+        drop(first);
+        assert!(
+            waiting.await.expect("joined"),
+            "did not go on after the first ended"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_earlier_attempt_that_outlasts_the_patience_is_told() {
+        let running = Running::default();
+        let _first = running.enter("shop", "k1");
+        let later = running.enter("shop", "k1");
+        assert!(!later.after_earlier(SHORT).await);
+    }
+
+    #[tokio::test]
+    async fn other_keys_and_other_callers_are_not_waited_for() {
+        let running = Running::default();
+        let _first = running.enter("shop", "k1");
+        assert!(!running.enter("shop", "k2").behind());
+        assert!(!running.enter("other", "k1").behind());
+    }
+
+    #[tokio::test]
+    async fn a_key_whose_attempts_ended_is_forgotten() {
+        let running = Running::default();
+        drop(running.enter("shop", "k1"));
+        drop(running.enter("shop", "k1"));
+        let keys = running.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        assert!(keys.is_empty());
+    }
+}
