@@ -6,41 +6,47 @@
 //! run, then reads again: it replays what they stored instead of refusing on
 //! a read their writes had not reached. Only earlier attempts are waited
 //! for, so two refusals never wait for each other.
+//!
+//! A key is known by a hash of caller and key, with keys of the process's
+//! own: two requests whose hashes meet only make a refusal wait longer.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
-/// A caller and one of its keys.
-type KeyOf = (String, String);
-
 /// The keys of the requests running, each with the order its attempts came
 /// in and what waiting attempts are woken by.
 #[derive(Debug, Default, Clone)]
 pub struct Running {
-    keys: Arc<Mutex<HashMap<KeyOf, Attempts>>>,
+    keys: Arc<Mutex<HashMap<u64, Attempts>>>,
+    hasher: RandomState,
     next: Arc<AtomicU64>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Attempts {
-    /// The arrival number of each attempt running.
+    /// The arrival number of each attempt running (one, nearly always).
     running: Vec<u64>,
-    /// Notified whenever one of them ends.
-    ended: Arc<Notify>,
+    /// Notified whenever one of them ends, once an attempt waits.
+    ended: Option<Arc<Notify>>,
 }
 
 impl Running {
     /// Marks an attempt of `client`'s `key` as running for as long as the
     /// mark lives.
     pub fn enter(&self, client: &str, key: &str) -> Mark {
-        let id = (client.to_owned(), key.to_owned());
+        let id = self.hasher.hash_one((client, key));
         let arrival = self.next.fetch_add(1, Ordering::Relaxed);
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        keys.entry(id.clone()).or_default().running.push(arrival);
+        let attempts = keys.entry(id).or_insert_with(|| Attempts {
+            running: Vec::with_capacity(1),
+            ended: None,
+        });
+        attempts.running.push(arrival);
         Mark {
             running: self.clone(),
             id,
@@ -54,7 +60,7 @@ impl Running {
 #[derive(Debug)]
 pub struct Mark {
     running: Running,
-    id: KeyOf,
+    id: u64,
     arrival: u64,
 }
 
@@ -62,7 +68,13 @@ impl Mark {
     /// Whether an attempt of the same request that came before this one
     /// still runs here.
     pub fn behind(&self) -> bool {
-        self.earlier().is_some()
+        let keys = self
+            .running
+            .keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        keys.get(&self.id)
+            .is_some_and(|attempts| attempts.running.iter().any(|&a| a < self.arrival))
     }
 
     /// Waits until no earlier attempt runs: false when one still does after
@@ -88,14 +100,16 @@ impl Mark {
 
     /// What an earlier attempt's end notifies, while one runs.
     fn earlier(&self) -> Option<Arc<Notify>> {
-        let keys = self
+        let mut keys = self
             .running
             .keys
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let attempts = keys.get(&self.id)?;
-        let before = attempts.running.iter().any(|&a| a < self.arrival);
-        before.then(|| attempts.ended.clone())
+        let attempts = keys.get_mut(&self.id)?;
+        if !attempts.running.iter().any(|&a| a < self.arrival) {
+            return None;
+        }
+        Some(attempts.ended.get_or_insert_with(Default::default).clone())
     }
 }
 
@@ -110,7 +124,9 @@ impl Drop for Mark {
             return;
         };
         attempts.running.retain(|&a| a != self.arrival);
-        attempts.ended.notify_waiters();
+        if let Some(ended) = &attempts.ended {
+            ended.notify_waiters();
+        }
         if attempts.running.is_empty() {
             keys.remove(&self.id);
         }
