@@ -43,6 +43,8 @@ export function holdConflict(problem: HoldConflict): string {
       return `the sale opens at ${problem.available_from ?? "?"}`;
     case "HOLD_LIMIT_REACHED":
       return "the buyer already holds as many assets as allowed";
+    case "IDEMPOTENCY_KEY_IN_USE":
+      return "an earlier attempt of this hold still runs: retry with the same Idempotency-Key";
     default: {
       const other: never = code;
       return `another conflict: ${String(other)}`;

@@ -39,6 +39,8 @@ from holdfast_client.models import (
     HoldExpiredProblemErrorCode,
     HoldLimitReachedProblem,
     HoldLimitReachedProblemErrorCode,
+    IdempotencyKeyInUseProblem,
+    IdempotencyKeyInUseProblemErrorCode,
     IdempotencyKeyInvalidProblem,
     IdempotencyKeyReusedProblem,
     JoinWaitlistRequest,
@@ -72,7 +74,7 @@ M = TypeVar("M")
 # Every body a hold may answer 409 with. The generated hold_asset returns one
 # union over all statuses, so this list is kept by hand: a 409 body the
 # document adds is not seen here.
-HoldConflict = AssetUnavailableProblem | SaleNotOpenProblem | HoldLimitReachedProblem
+HoldConflict = AssetUnavailableProblem | SaleNotOpenProblem | HoldLimitReachedProblem | IdempotencyKeyInUseProblem
 
 # Everything the generated commit_reservation may parse an answer into.
 # commit() returns Response[CommitParsed] and Response is invariant, so an
@@ -82,6 +84,7 @@ CommitParsed = (
     Reservation
     | AlreadyCommittedProblem
     | HoldExpiredProblem
+    | IdempotencyKeyInUseProblem
     | PaymentAmountMismatchProblem
     | PaymentReferenceUsedProblem
     | ReservationNotActiveProblem
@@ -120,6 +123,9 @@ def hold_conflict(problem: HoldConflict) -> str:
     if isinstance(problem, HoldLimitReachedProblem):
         assert problem.error_code == HoldLimitReachedProblemErrorCode.HOLD_LIMIT_REACHED
         return "the buyer already holds as many assets as allowed"
+    if isinstance(problem, IdempotencyKeyInUseProblem):
+        assert problem.error_code == IdempotencyKeyInUseProblemErrorCode.IDEMPOTENCY_KEY_IN_USE
+        return "an earlier attempt of this hold still runs: retry with the same Idempotency-Key"
     assert_never(problem)
 
 
