@@ -56,14 +56,9 @@ pub struct Idempotency {
 }
 
 impl Idempotency {
-    /// Before an answer that wrote nothing: waits for the earlier attempts
-    /// of this request still running here (for at most `patience`); false
-    /// when one still runs. True at once when none does.
-    pub(crate) async fn after_earlier(&self, patience: std::time::Duration) -> bool {
-        match &self.running {
-            Some(mark) if mark.behind() => Box::pin(mark.after_earlier(patience)).await,
-            _ => true,
-        }
+    /// Whether an earlier attempt of this request still runs here.
+    pub(crate) fn behind(&self) -> bool {
+        self.running.as_ref().is_some_and(|mark| mark.behind())
     }
 }
 

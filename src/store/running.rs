@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -41,7 +41,7 @@ impl Running {
     pub fn enter(&self, client: &str, key: &str) -> Mark {
         let id = self.hasher.hash_one((client, key));
         let arrival = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut keys = self.lock();
         let attempts = keys.entry(id).or_insert_with(|| Attempts {
             running: Vec::with_capacity(1),
             ended: None,
@@ -52,6 +52,10 @@ impl Running {
             id,
             arrival,
         }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Attempts>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -68,13 +72,8 @@ impl Mark {
     /// Whether an attempt of the same request that came before this one
     /// still runs here.
     pub fn behind(&self) -> bool {
-        let keys = self
-            .running
-            .keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        keys.get(&self.id)
-            .is_some_and(|attempts| attempts.running.iter().any(|&a| a < self.arrival))
+        let keys = self.running.lock();
+        keys.get(&self.id).is_some_and(|a| self.follows(a))
     }
 
     /// Waits until no earlier attempt runs: false when one still does after
@@ -100,26 +99,20 @@ impl Mark {
 
     /// What an earlier attempt's end notifies, while one runs.
     fn earlier(&self) -> Option<Arc<Notify>> {
-        let mut keys = self
-            .running
-            .keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let attempts = keys.get_mut(&self.id)?;
-        if !attempts.running.iter().any(|&a| a < self.arrival) {
-            return None;
-        }
+        let mut keys = self.running.lock();
+        let attempts = keys.get_mut(&self.id).filter(|a| self.follows(a))?;
         Some(attempts.ended.get_or_insert_with(Default::default).clone())
+    }
+
+    /// Whether one of `attempts` came before this one.
+    fn follows(&self, attempts: &Attempts) -> bool {
+        attempts.running.iter().any(|&a| a < self.arrival)
     }
 }
 
 impl Drop for Mark {
     fn drop(&mut self) {
-        let mut keys = self
-            .running
-            .keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut keys = self.running.lock();
         let Some(attempts) = keys.get_mut(&self.id) else {
             return;
         };
@@ -178,7 +171,6 @@ mod tests {
         let running = Running::default();
         drop(running.enter("shop", "k1"));
         drop(running.enter("shop", "k1"));
-        let keys = running.keys.lock().unwrap_or_else(PoisonError::into_inner);
-        assert!(keys.is_empty());
+        assert!(running.lock().is_empty());
     }
 }

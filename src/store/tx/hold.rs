@@ -23,7 +23,7 @@ use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Timestamptz};
 use diesel::QueryableByName;
 
 use super::expire::{expire_lapsed, Lapsed};
-use super::{answered, contention, Snapshot, MAX_ATTEMPTS};
+use super::{after_earlier, answered, contention, Snapshot, MAX_ATTEMPTS};
 use crate::domain::{
     hold_decision, AssetId, AssetStatus, AssetUnavailable, BuyerId, EventId, EventType,
     HoldDecision, HoldTarget, Price, Reservation, ReservationStatus, Timestamp,
@@ -54,8 +54,10 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
         let lapsed = seen.holding.clone();
         let displaced = match hold_decision(Some(seen.target), snap.now) {
             HoldDecision::NotFound => return Ok(Keyed::NotFound),
-            HoldDecision::SaleNotOpen { .. } | HoldDecision::Unavailable { .. } if behind(req) => {
-                match after_earlier(store, req).await {
+            HoldDecision::SaleNotOpen { .. } | HoldDecision::Unavailable { .. }
+                if req.idempotency.behind() =>
+            {
+                match after_earlier(store, &req.idempotency).await {
                     true => continue,
                     false => return Ok(Keyed::InUse),
                 }
@@ -136,8 +138,8 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
                     draft.reservation,
                 ))))
             }
-            Some((Claim::LimitReached, _)) if behind(req) => {
-                match after_earlier(store, req).await {
+            Some((Claim::LimitReached, _)) if req.idempotency.behind() => {
+                match after_earlier(store, &req.idempotency).await {
                     true => continue,
                     false => return Ok(Keyed::InUse),
                 }
@@ -150,21 +152,6 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
         }
     }
     Err(contention("hold the asset"))
-}
-
-/// Whether an earlier attempt of this hold still runs here: a refusal
-/// waits for it to end, then reads again.
-fn behind(req: &HoldRequest) -> bool {
-    req.idempotency
-        .running
-        .as_ref()
-        .is_some_and(|mark| mark.behind())
-}
-
-/// Waits for the earlier attempts of this hold: false when one outlasts
-/// the patience.
-async fn after_earlier(store: &Store, req: &HoldRequest) -> bool {
-    req.idempotency.after_earlier(super::patience(store)).await
 }
 
 /// The asset as the hold's first read saw it.

@@ -74,10 +74,16 @@ pub(crate) fn answered<T>(stored: StoredAnswer, idempotency: &Idempotency) -> Ke
     }
 }
 
-/// How long an answer that wrote nothing waits for an earlier attempt of
-/// the same request: half the call's time, which leaves it the other half.
-pub(crate) fn patience(store: &Store) -> std::time::Duration {
-    store.settings().call_timeout / 2
+/// Before an answer that wrote nothing: waits for the earlier attempts of
+/// this request still running here, for at most half the call's time (which
+/// leaves it the other half); false when one still runs then.
+pub(crate) async fn after_earlier(store: &Store, idempotency: &Idempotency) -> bool {
+    match &idempotency.running {
+        Some(mark) if mark.behind() => {
+            Box::pin(mark.after_earlier(store.settings().call_timeout / 2)).await
+        }
+        _ => true,
+    }
 }
 
 /// The 503 of a request whose row kept changing under it.
@@ -142,7 +148,7 @@ impl Target {
     ///
     /// An answer that wrote nothing is given only from a snapshot taken
     /// after the earlier attempts of this request running on this instance
-    /// ended (or `InUse` when one outlasts [`patience`]), and after the
+    /// ended (or `InUse` when one outlasts [`after_earlier`]), and after the
     /// writes then in flight on the asset ended. An earlier attempt (a
     /// client that gave up on it, a retry sent to another instance) may be
     /// one of them: its answer is then replayed, instead of a refusal
@@ -169,7 +175,7 @@ impl Target {
                 if settled || wrote_before || super::outcome::wrote() {
                     return Ok(Keyed::Done(outcome));
                 }
-                if !self.idempotency.after_earlier(patience(store)).await {
+                if !after_earlier(store, &self.idempotency).await {
                     return Ok(Keyed::InUse);
                 }
                 store.after_writes_on(&asset).await?;
