@@ -2,7 +2,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::{Backend, TestApp};
+use crate::helpers::TestApp;
 
 async fn problem(response: reqwest::Response, status: u16, code: &str) -> Value {
     assert_eq!(response.status(), status);
@@ -107,11 +107,7 @@ async fn health_and_readiness(app: TestApp) {
 /// with Retry-After, within the configured bound, and nothing is committed.
 async fn a_locked_database_answers_503_with_retry_after(app: TestApp) {
     app.create_asset("E-1").await;
-    let lock = match app.backend {
-        Backend::Postgres => "BEGIN; SELECT * FROM assets WHERE id = 'E-1' FOR UPDATE;",
-        Backend::Sqlite => "BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = 'E-1';",
-    };
-    let blocker = app.hold_lock_open(lock).await;
+    let blocker = app.lock_asset("E-1").await;
     let started = std::time::Instant::now();
     let response = app
         .post(

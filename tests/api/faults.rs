@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::{eventually, fault_library, new_key, unique, Backend, Blocker, TestApp};
+use crate::helpers::{eventually, fault_library, new_key, unique, Backend, TestApp};
 use crate::proxy::{Mode, Proxy};
 
 async fn unavailable(response: reqwest::Response) -> Value {
@@ -33,15 +33,6 @@ async fn sqlite_app(lock_ms: u64, timeout_ms: u64) -> Option<TestApp> {
         c.db_lock_timeout_ms = lock_ms;
         c.db_timeout_ms = timeout_ms;
     })
-    .await
-}
-
-/// SQLite's write lock, taken by another connection (on `asset`'s row) and
-/// kept until the blocker is released.
-async fn hold_the_writer(app: &TestApp, asset: &str) -> Blocker {
-    app.hold_lock_open(&format!(
-        "BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = '{asset}'"
-    ))
     .await
 }
 
@@ -269,7 +260,7 @@ async fn sqlite_checks_the_deadline_before_committing() {
         return;
     };
     app.create_asset("WO-S1").await;
-    let blocker = hold_the_writer(&app, "WO-S1").await;
+    let blocker = app.lock_asset("WO-S1").await;
     let key = new_key();
     let hold = json!({"buyer_id": "b"});
     let path = "/v1/assets/WO-S1/reservations";
@@ -344,7 +335,7 @@ async fn sqlite_a_withdrawal_written_after_the_expiry_expires_the_hold() {
     app.create_asset("WX-1").await;
     let hold = app.hold("WX-1", "b", 1).await;
     let id = hold["reservation_id"].as_str().unwrap().to_owned();
-    let blocker = hold_the_writer(&app, "WX-2").await;
+    let blocker = app.lock_asset("WX-2").await;
     // The withdrawal reads the live hold at once, then waits for the writer
     // until after the hold's expiry.
     let expires = chrono::DateTime::parse_from_rfc3339(hold["expires_at"].as_str().unwrap())
@@ -446,7 +437,7 @@ async fn sqlite_a_write_that_never_got_the_writer_is_not_applied() {
     };
     app.create_asset("WP-1").await;
     app.create_asset("WP-2").await;
-    let blocker = hold_the_writer(&app, "WP-1").await;
+    let blocker = app.lock_asset("WP-1").await;
     let (first, second) = (json!({"buyer_id": "b1"}), json!({"buyer_id": "b2"}));
     let (first_key, second_key) = (new_key(), new_key());
     let path = "/v1/assets/WP-2/reservations";

@@ -1183,6 +1183,20 @@ impl TestApp {
         .await;
     }
 
+    /// Another writer's lock on `asset`, kept until released: its row on
+    /// PostgreSQL, the database's write lock (taken on its row) on SQLite.
+    pub async fn lock_asset(&self, asset: &str) -> Blocker {
+        let lock = match self.backend {
+            Backend::Postgres => {
+                format!("BEGIN; SELECT * FROM assets WHERE id = '{asset}' FOR UPDATE")
+            }
+            Backend::Sqlite => {
+                format!("BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = '{asset}'")
+            }
+        };
+        self.hold_lock_open(&lock).await
+    }
+
     /// Opens a transaction with `sql` and keeps it open until released.
     pub async fn hold_lock_open(&self, sql: &str) -> Blocker {
         match &self.db.kind {
@@ -1205,6 +1219,14 @@ impl TestApp {
             }
         }
     }
+}
+
+/// Timeouts long enough for requests to wait behind a lock a test holds,
+/// even on a slow machine.
+pub fn patient(config: &mut Config) {
+    config.db_lock_timeout_ms = 10_000;
+    config.db_statement_timeout_ms = 15_000;
+    config.db_timeout_ms = 20_000;
 }
 
 /// An empty PostgreSQL database of the test's own, dropped afterwards.

@@ -3,7 +3,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::{Backend, TestApp};
+use crate::helpers::{patient, Backend, TestApp};
 
 async fn replay_of_a_201_is_a_byte_identical_200(app: TestApp) {
     app.create_asset("I-1").await;
@@ -153,13 +153,7 @@ async fn stored_409_with_refund_replays_as_409(app: TestApp) {
 /// read would find the hold EXPIRED and answer 409 RESERVATION_NOT_ACTIVE,
 /// and the first would release it after all.
 async fn a_retry_of_a_running_request_replays_its_answer(backend: Backend) {
-    let Some(app) = TestApp::try_spawn_twins(backend, |c| {
-        c.db_lock_timeout_ms = 15_000;
-        c.db_statement_timeout_ms = 20_000;
-        c.db_timeout_ms = 25_000;
-    })
-    .await
-    else {
+    let Some(app) = TestApp::try_spawn_twins(backend, patient).await else {
         return;
     };
     let instances = app.instances();
@@ -178,13 +172,7 @@ async fn retry_while_running(app: &TestApp, asset: &str, first: &str, retry: &st
     let id = hold["reservation_id"].as_str().expect("an id").to_owned();
     // It lapses in 1.5 s.
     app.age_hold(&id, Duration::from_millis(58_500)).await;
-    let lock = match app.backend {
-        Backend::Postgres => format!("BEGIN; SELECT * FROM assets WHERE id = '{asset}' FOR UPDATE"),
-        Backend::Sqlite => {
-            format!("BEGIN IMMEDIATE; UPDATE assets SET name = name WHERE id = '{asset}'")
-        }
-    };
-    let blocker = app.hold_lock_open(&lock).await;
+    let blocker = app.lock_asset(asset).await;
     let release = |address: &str| {
         let request = app
             .client

@@ -4,7 +4,7 @@ use futures_util::future::join_all;
 use serde_json::{json, Value};
 
 use crate::backend_tests;
-use crate::helpers::{series, Backend, TestApp};
+use crate::helpers::{patient, series, Backend, TestApp};
 
 /// `n` buyers (`{name}-{i}`, each under its key `{name}-key-{i}`) holding
 /// `asset` at once: each one's status and body.
@@ -411,15 +411,7 @@ async fn an_extension_races_a_release(app: TestApp) {
 /// one hold and one refusal, whichever gets the lock first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_the_buyer_limit_counts_after_the_buyers_lock() {
-    // Long enough timeouts that both holds can wait for the lock on a slow
-    // machine.
-    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
-        c.db_lock_timeout_ms = 10_000;
-        c.db_statement_timeout_ms = 15_000;
-        c.db_timeout_ms = 20_000;
-    })
-    .await
-    else {
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, patient).await else {
         return;
     };
     for i in 0..6 {
