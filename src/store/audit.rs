@@ -404,6 +404,17 @@ pub(crate) fn checks() -> Vec<Check> {
             history: false,
         },
         Check {
+            name: "rows_keep_their_shapes",
+            description: "Every asset and reservation has a status among its values and the \
+                columns of that status: an expiry exactly while HELD, a current reservation \
+                exactly while HELD or SOLD, a payment exactly on a sale, a waiting count never \
+                below zero, a price whole and in range (no constraint says so on PostgreSQL: \
+                each write sets a status's columns together).",
+            sql: shapes("NOT (a.price_currency GLOB '[A-Z][A-Z][A-Z]')"),
+            postgres: Some(shapes("a.price_currency !~ '^[A-Z]{3}$'")),
+            history: false,
+        },
+        Check {
             name: "handed_holds_have_their_event",
             description: "Every hold made by an offer or handed to a waiter (within the event \
                 retention) has its reservation.held event saying so.",
@@ -417,6 +428,29 @@ pub(crate) fn checks() -> Vec<Check> {
             history: false,
         },
     ]
+}
+
+/// `rows_keep_their_shapes`, with the backend's test of a currency that is
+/// not three capital letters. A NULL condition passes, as in a CHECK.
+fn shapes(not_a_currency: &str) -> String {
+    format!(
+        "SELECT 'asset ' || a.id AS example FROM assets a \
+          WHERE a.status NOT IN ('AVAILABLE', 'HELD', 'SOLD', 'WITHDRAWN') \
+             OR (a.status = 'HELD') <> (a.hold_expires_at IS NOT NULL) \
+             OR (a.status IN ('HELD', 'SOLD')) <> (a.current_reservation_id IS NOT NULL) \
+             OR (a.price_amount IS NULL) <> (a.price_currency IS NULL) \
+             OR a.price_amount < 0 OR a.price_amount > 1000000000000000 \
+             OR {not_a_currency} OR a.waitlist_length < 0 \
+         UNION ALL \
+         SELECT 'reservation ' || r.id FROM reservations r \
+          WHERE r.status NOT IN ('HELD', 'COMMITTED', 'RELEASED', 'EXPIRED', 'VOIDED') \
+             OR r.via NOT IN ('offer', 'waitlist') \
+             OR (r.status IN ('COMMITTED', 'VOIDED')) \
+                <> (r.committed_at IS NOT NULL AND r.payment_reference IS NOT NULL) \
+             OR (r.status = 'VOIDED') <> (r.voided_at IS NOT NULL) \
+             OR (r.payment_client IS NULL) <> (r.payment_reference IS NULL) \
+             OR (r.price_amount IS NULL) <> (r.price_currency IS NULL)"
+    )
 }
 
 /// How many checks run at once, each its own statement on a connection of

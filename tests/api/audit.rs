@@ -197,3 +197,45 @@ async fn the_audit_checks_what_no_foreign_key_does_on_postgres() {
         "{doc:#}"
     );
 }
+
+/// On PostgreSQL no CHECK constraint holds the shape of an asset's or a
+/// reservation's row (PostgreSQL prepares a table's checks again at every
+/// write, and each write sets a status's columns together): the audit
+/// finds a row that breaks it, and names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_checks_the_shapes_no_constraint_does_on_postgres() {
+    let Some(app) = TestApp::try_spawn(crate::helpers::Backend::Postgres).await else {
+        return;
+    };
+    traffic(&app).await;
+    let (ok, doc) = audit(&app);
+    assert!(ok, "{doc:#}");
+    assert_eq!(violations(&doc, "rows_keep_their_shapes"), 0, "{doc:#}");
+    app.sql("UPDATE assets SET price_amount = 100 WHERE id = 'AU-6'")
+        .await;
+    app.sql("UPDATE assets SET price_amount = 100, price_currency = 'eur' WHERE id = 'AU-3'")
+        .await;
+    app.sql("UPDATE reservations SET voided_at = NULL WHERE status = 'VOIDED'")
+        .await;
+    let (ok, doc) = audit(&app);
+    assert!(!ok);
+    assert_eq!(violations(&doc, "rows_keep_their_shapes"), 3, "{doc:#}");
+    let shapes = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "rows_keep_their_shapes")
+        .unwrap();
+    let examples: Vec<&str> = shapes["examples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(examples.contains(&"asset AU-3"), "{examples:?}");
+    assert!(examples.contains(&"asset AU-6"), "{examples:?}");
+    assert!(
+        examples.iter().any(|e| e.starts_with("reservation res_")),
+        "{examples:?}"
+    );
+}

@@ -1,0 +1,13 @@
+ALTER TABLE assets ADD CONSTRAINT assets_hold_expiry_iff_held CHECK (((status = 'HELD'::text) = (hold_expires_at IS NOT NULL)));
+ALTER TABLE assets ADD CONSTRAINT assets_price_amount_check CHECK (((price_amount >= 0) AND (price_amount <= '1000000000000000'::bigint)));
+ALTER TABLE assets ADD CONSTRAINT assets_price_currency_check CHECK ((price_currency ~ '^[A-Z]{3}$'::text));
+ALTER TABLE assets ADD CONSTRAINT assets_price_whole CHECK (((price_amount IS NULL) = (price_currency IS NULL)));
+ALTER TABLE assets ADD CONSTRAINT assets_reservation_iff_held_or_sold CHECK (((status = ANY (ARRAY['HELD'::text, 'SOLD'::text])) = (current_reservation_id IS NOT NULL)));
+ALTER TABLE assets ADD CONSTRAINT assets_status_check CHECK ((status = ANY (ARRAY['AVAILABLE'::text, 'HELD'::text, 'SOLD'::text, 'WITHDRAWN'::text])));
+ALTER TABLE assets ADD CONSTRAINT assets_waitlist_length_check CHECK ((waitlist_length >= 0));
+ALTER TABLE reservations ADD CONSTRAINT reservations_committed_has_payment CHECK (((status = ANY (ARRAY['COMMITTED'::text, 'VOIDED'::text])) = ((committed_at IS NOT NULL) AND (payment_reference IS NOT NULL))));
+ALTER TABLE reservations ADD CONSTRAINT reservations_payment_scope_with_reference CHECK (((payment_client IS NULL) = (payment_reference IS NULL)));
+ALTER TABLE reservations ADD CONSTRAINT reservations_price_whole CHECK (((price_amount IS NULL) = (price_currency IS NULL)));
+ALTER TABLE reservations ADD CONSTRAINT reservations_status_check CHECK ((status = ANY (ARRAY['HELD'::text, 'COMMITTED'::text, 'RELEASED'::text, 'EXPIRED'::text, 'VOIDED'::text])));
+ALTER TABLE reservations ADD CONSTRAINT reservations_via_check CHECK ((via = ANY (ARRAY['offer'::text, 'waitlist'::text])));
+ALTER TABLE reservations ADD CONSTRAINT reservations_voided_at_iff_voided CHECK (((status = 'VOIDED'::text) = (voided_at IS NOT NULL)));
