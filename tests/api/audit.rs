@@ -25,15 +25,18 @@ pub fn audit(app: &TestApp) -> (bool, Value) {
     (output.status.success(), doc)
 }
 
-fn violations(doc: &Value, name: &str) -> i64 {
+/// The finding of the check `name` in an audit's document.
+fn check<'a>(doc: &'a Value, name: &str) -> &'a Value {
     doc["checks"]
         .as_array()
         .unwrap()
         .iter()
         .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("no check {name}"))["violations"]
-        .as_i64()
-        .unwrap()
+        .unwrap_or_else(|| panic!("no check {name}"))
+}
+
+fn violations(doc: &Value, name: &str) -> i64 {
+    check(doc, name)["violations"].as_i64().unwrap()
 }
 
 async fn traffic(app: &TestApp) {
@@ -109,12 +112,7 @@ async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) 
     .await;
     let (_, doc) = audit(&app);
     assert_eq!(violations(&doc, "voided_sales_are_over"), 1, "{doc:#}");
-    let sold = doc["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "sold_has_one_commit")
-        .unwrap();
+    let sold = check(&doc, "sold_has_one_commit");
     assert_eq!(sold["examples"][0], "AU-4");
 
     // Money given two fates behind the database's back, in the open mode's
@@ -141,12 +139,7 @@ async fn the_audit_passes_after_real_traffic_and_catches_breakage(app: TestApp) 
     );
     let (ok, doc) = audit(&app);
     assert!(!ok);
-    let fates = doc["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "payment_has_one_fate")
-        .unwrap();
+    let fates = check(&doc, "payment_has_one_fate");
     assert_eq!(fates["violations"], 2, "{doc:#}");
     assert_eq!(fates["examples"], serde_json::json!(["- pay-1", "- pay-3"]));
 }
@@ -220,12 +213,7 @@ async fn the_audit_checks_the_shapes_no_constraint_does_on_postgres() {
     let (ok, doc) = audit(&app);
     assert!(!ok);
     assert_eq!(violations(&doc, "rows_keep_their_shapes"), 3, "{doc:#}");
-    let shapes = doc["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "rows_keep_their_shapes")
-        .unwrap();
+    let shapes = check(&doc, "rows_keep_their_shapes");
     let examples: Vec<&str> = shapes["examples"]
         .as_array()
         .unwrap()
