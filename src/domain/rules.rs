@@ -29,6 +29,9 @@ pub struct HoldTarget {
     pub status: AssetStatus,
     pub hold_expires_at: Option<Timestamp>,
     pub available_from: Option<Timestamp>,
+    /// When the asset last became free to hold (a release, a void, an
+    /// expiry); `None` when it has been free since it was created.
+    pub available_since: Option<Timestamp>,
 }
 
 /// What a hold request must do, judged from a consistent read of the asset.
@@ -50,12 +53,25 @@ pub enum HoldDecision {
     Reclaim,
 }
 
+/// Decides a hold on the asset as it stood at `now`: the request's arrival,
+/// or the read's clock if that came first. A hold that lapsed later, an
+/// asset freed later or a sale opened later do not count: a later attempt
+/// of the same request may have been refused on them meanwhile.
 pub fn hold_decision(stored: Option<HoldTarget>, now: Timestamp) -> HoldDecision {
     let Some(target) = stored else {
         return HoldDecision::NotFound;
     };
     let free = match (target.status, target.hold_expires_at) {
-        (AssetStatus::Available, _) => HoldDecision::Claim,
+        (AssetStatus::Available, _) => match target.available_since {
+            // Freed after `now`: as it stood then, a hold had it until then.
+            Some(since) if since > now => {
+                return HoldDecision::Unavailable {
+                    status: AssetStatus::Held,
+                    hold_expires_at: Some(since),
+                }
+            }
+            _ => HoldDecision::Claim,
+        },
         (AssetStatus::Held, Some(expiry)) if expiry <= now => HoldDecision::Reclaim,
         (status, hold_expires_at) => {
             return HoldDecision::Unavailable {
@@ -184,7 +200,25 @@ mod tests {
             status,
             hold_expires_at,
             available_from: None,
+            available_since: None,
         }
+    }
+
+    #[test]
+    fn an_asset_freed_after_the_arrival_was_held_then() {
+        let freed = now() + Duration::milliseconds(80);
+        let target = HoldTarget {
+            available_since: Some(freed),
+            ..target(AssetStatus::Available, None)
+        };
+        assert_eq!(
+            hold_decision(Some(target), now()),
+            HoldDecision::Unavailable {
+                status: AssetStatus::Held,
+                hold_expires_at: Some(freed)
+            }
+        );
+        assert_eq!(hold_decision(Some(target), freed), HoldDecision::Claim);
     }
 
     #[test]
@@ -194,6 +228,7 @@ mod tests {
             status,
             hold_expires_at: expiry,
             available_from: Some(opens),
+            available_since: None,
         };
         assert_eq!(
             hold_decision(Some(gated(AssetStatus::Available, None)), now()),

@@ -148,6 +148,7 @@ pub async fn hold_asset(
         client: request.caller.name,
         metadata: request.body.metadata,
         idempotency: request.idempotency,
+        arrived: request.arrived,
     };
     let outcome = state.store.hold(&request).await?;
     HOLDS.keyed(outcome, |held| match held {

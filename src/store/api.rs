@@ -196,6 +196,9 @@ pub struct HoldRequest {
     pub client: String,
     /// The shop's own references, kept with the reservation.
     pub metadata: Option<Metadata>,
+    /// When the request arrived, by this instance's clock: the hold is
+    /// decided on the asset as it stood then (`hold_decision`).
+    pub arrived: Timestamp,
 }
 
 #[derive(Debug)]

@@ -49,6 +49,7 @@ pub(crate) struct HoldSnapshotRow {
     pub(crate) status: Option<String>,
     pub(crate) hold_expires_at: Option<Timestamp>,
     pub(crate) available_from: Option<Timestamp>,
+    pub(crate) available_since: Option<Timestamp>,
     pub(crate) current_reservation_id: Option<String>,
     pub(crate) price_amount: Option<i64>,
     pub(crate) price_currency: Option<String>,
@@ -72,6 +73,7 @@ where
         let status = c.next::<Nullable<Text>, _>("status")?;
         let hold_expires_at = c.next::<Nullable<Instant>, _>("hold_expires_at")?;
         let available_from = c.next::<Nullable<Instant>, _>("available_from")?;
+        let available_since = c.next::<Nullable<Instant>, _>("available_since")?;
         let current_reservation_id = c.next::<Nullable<Text>, _>("current_reservation_id")?;
         let price_amount = c.next::<Nullable<BigInt>, _>("price_amount")?;
         let price_currency = c.next::<Nullable<Text>, _>("price_currency")?;
@@ -90,6 +92,7 @@ where
             status,
             hold_expires_at,
             available_from,
+            available_since,
             current_reservation_id,
             price_amount,
             price_currency,

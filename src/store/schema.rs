@@ -69,6 +69,7 @@ diesel::table! {
         attributes -> Text,
         waitlist_length -> Int4,
         waitlist_seq -> Int8,
+        available_since -> Nullable<Instant>,
     }
 }
 

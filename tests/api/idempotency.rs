@@ -221,6 +221,96 @@ async fn retry_while_running(app: &TestApp, asset: &str, first: &str, retry: &st
     assert_eq!(retried.2, attempt.2);
 }
 
+/// A hold is decided on the asset as it stood when the request arrived.
+/// Its client gave up on a first attempt, still waiting for a connection on
+/// one instance, and sent it again to another, which refused it: another
+/// buyer held the asset. That hold then ends. The first attempt, reading
+/// only now, finds the asset free; it refuses too, as the asset stood at its
+/// arrival, instead of holding it under a key whose last answer was the
+/// refusal. A retry sent after the release holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres() {
+    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, |c| {
+        patient(c);
+        c.db_pool_size = 1;
+        c.db_acquire_timeout_ms = 20_000;
+    })
+    .await
+    else {
+        return;
+    };
+    let instances = app.instances();
+    let (first, other) = (instances[0], instances[instances.len() - 1]);
+    assert_ne!(first, other, "two instances");
+    app.create_asset("I-9").await;
+    app.create_asset("I-10").await;
+    let taken = app.hold("I-9", "x", 60).await["reservation_id"].clone();
+    let busy = app.hold("I-10", "w", 60).await["reservation_id"].clone();
+    let post = |address: &str, path: String, key: &'static str, body: Value| {
+        let request = app
+            .client
+            .post(format!("{address}{path}"))
+            .header("Idempotency-Key", key)
+            .json(&body)
+            .send();
+        async move {
+            let response = request.await.expect("sent");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("JSON");
+            (status, body)
+        }
+    };
+    let hold = |address: &str| {
+        let body = json!({"buyer_id": "b", "hold_seconds": 60});
+        post(
+            address,
+            "/v1/assets/I-9/reservations".into(),
+            "late-hold",
+            body,
+        )
+    };
+    // The first instance's one connection waits behind a lock.
+    let blocker = app.lock_asset("I-10").await;
+    let stuck = tokio::spawn(post(
+        first,
+        format!("/v1/reservations/{}/release", busy.as_str().expect("an id")),
+        "release-busy",
+        json!({}),
+    ));
+    app.lock_waiters(1).await;
+    let attempt = tokio::spawn(hold(first));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!attempt.is_finished(), "the first attempt waits");
+    let (status, refused) = hold(other).await;
+    assert_eq!(
+        (status, refused["error_code"].as_str()),
+        (409, Some("ASSET_UNAVAILABLE"))
+    );
+    let path = format!(
+        "/v1/reservations/{}/release",
+        taken.as_str().expect("an id")
+    );
+    let (status, released) = post(other, path, "release-taken", json!({})).await;
+    assert_eq!(status, 200, "{released}");
+    blocker.release().await;
+    assert_eq!(stuck.await.expect("joined").0, 200);
+    let (status, late) = attempt.await.expect("joined");
+    assert_eq!(
+        (status, late["error_code"].as_str()),
+        (409, Some("ASSET_UNAVAILABLE")),
+        "{late}"
+    );
+    assert_eq!(late["asset_status"], "HELD", "{late}");
+    let kept = "SELECT count(*) FROM reservations WHERE asset_id = 'I-9' AND buyer_id = 'b'";
+    assert_eq!(
+        app.count(kept).await,
+        0,
+        "nothing held under the refused key"
+    );
+    let (status, held) = hold(other).await;
+    assert_eq!(status, 201, "{held}");
+}
+
 backend_tests!(
     replay_of_a_201_is_a_byte_identical_200,
     the_key_is_required_and_bounded,

@@ -148,7 +148,8 @@ pub(crate) async fn reinstate(
         .write("reinstate the asset", async move |conn| {
             let now = conn.now().await?;
             let update = sql_query(
-                "UPDATE assets SET status = 'AVAILABLE', version = version + 1, updated_at = $1 \
+                "UPDATE assets SET status = 'AVAILABLE', version = version + 1, updated_at = $1, \
+                     available_since = $1 \
                  WHERE id = $2 AND status = 'WITHDRAWN' RETURNING *",
             )
             .bind::<Instant, _>(now)

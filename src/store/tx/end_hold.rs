@@ -112,7 +112,9 @@ WITH a AS (
        SET status = CASE WHEN $3::text IS NULL THEN 'AVAILABLE' ELSE 'SOLD' END,
            current_reservation_id = CASE WHEN $3::text IS NULL THEN NULL ELSE $1 END,
            hold_expires_at = NULL, version = version + 1,
-           last_event_sequence = last_event_sequence + 1, updated_at = $5
+           last_event_sequence = last_event_sequence + 1, updated_at = $5,
+           available_since = CASE WHEN $3::text IS NULL THEN clock_timestamp()
+                                  ELSE available_since END
      WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $1
        AND hold_expires_at > now()
        AND waitlist_length = 0
@@ -198,9 +200,10 @@ impl End {
         let asset = sql_query(
             "UPDATE assets SET status = $1, current_reservation_id = $2, hold_expires_at = NULL, \
                  version = version + 1, last_event_sequence = last_event_sequence + 1, \
-                 updated_at = $3 \
-             WHERE id = $4 AND status = 'HELD' AND current_reservation_id = $5 \
-               AND hold_expires_at > $6 \
+                 updated_at = $3, \
+                 available_since = CASE WHEN $1 = 'AVAILABLE' THEN $4 ELSE available_since END \
+             WHERE id = $5 AND status = 'HELD' AND current_reservation_id = $6 \
+               AND hold_expires_at > $4 \
              RETURNING last_event_sequence, waitlist_length",
         )
         .bind::<Text, _>(if payment.is_some() {
@@ -210,9 +213,9 @@ impl End {
         })
         .bind::<Nullable<Text>, _>(payment.map(|_| r.reservation_id.as_str()))
         .bind::<Instant, _>(self.read_at)
+        .bind::<Instant, _>(now)
         .bind::<Text, _>(&r.asset_id)
-        .bind::<Text, _>(&r.reservation_id)
-        .bind::<Instant, _>(now);
+        .bind::<Text, _>(&r.reservation_id);
         let Some(sequence) = conn
             .optional::<_, Sequence>(asset)
             .await

@@ -47,7 +47,8 @@ pub(crate) enum Lapsed<'a> {
 const PG_EXPIRE: &str = "\
 , a AS (
     UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, current_reservation_id = NULL,
-           version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $1
+           version = version + 1, last_event_sequence = last_event_sequence + 1, updated_at = $1,
+           available_since = assets.hold_expires_at
       FROM lapsed WHERE assets.id = lapsed.id
  RETURNING assets.id, lapsed.current_reservation_id AS reservation_id, assets.last_event_sequence,
            assets.waitlist_length
@@ -188,7 +189,8 @@ async fn expire_on_sqlite(
         let asset = sql_query(
             "UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, \
                  current_reservation_id = NULL, version = version + 1, \
-                 last_event_sequence = last_event_sequence + 1, updated_at = $1 \
+                 last_event_sequence = last_event_sequence + 1, updated_at = $1, \
+                 available_since = hold_expires_at \
              WHERE id = $2 RETURNING last_event_sequence",
         )
         .bind::<Instant, _>(now)

@@ -52,7 +52,8 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
             return Ok(Keyed::NotFound);
         };
         let lapsed = seen.holding.clone();
-        let displaced = match hold_decision(Some(seen.target), snap.now) {
+        let decided = snap.now.min(req.arrived);
+        let displaced = match hold_decision(Some(seen.target), decided) {
             HoldDecision::NotFound => return Ok(Keyed::NotFound),
             HoldDecision::SaleNotOpen { .. } | HoldDecision::Unavailable { .. }
                 if req.idempotency.behind() =>
@@ -118,6 +119,7 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
             request: req.clone(),
             policy: *store.policy(),
             displaced,
+            decided,
         };
         let claimed = match store.postgres() {
             Some(_) => {
@@ -288,6 +290,9 @@ struct Draft {
     event_id: String,
     policy: Policy,
     displaced: Option<Displaced>,
+    /// The moment the hold was decided at (its arrival): the claim takes
+    /// only an asset free then.
+    decided: Timestamp,
 }
 
 /// What a hold's write found.
@@ -310,7 +315,7 @@ WITH hold AS (
                       fingerprint => $10, status_code => $11, location => $12, client => $13,
                       max_live_holds => $14, displaced => $15, displaced_event_id => $16,
                       displaced_data => $17, price_amount => $18, price_currency => $19,
-                      metadata => $20, live_since => $21)
+                      metadata => $20, live_since => $21, decided_at => $22)
 )
 SELECT claimed, limit_reached FROM hold";
 
@@ -363,7 +368,8 @@ impl Draft {
                 .bind::<Nullable<BigInt>, _>(r.price.as_ref().map(|p| p.amount))
                 .bind::<Nullable<Text>, _>(r.price.as_ref().map(|p| p.currency.as_str()))
                 .bind::<Nullable<Text>, _>(self.metadata_json())
-                .bind::<Text, _>(self.policy.live_holds_since(r.created_at)),
+                .bind::<Text, _>(self.policy.live_holds_since(r.created_at))
+                .bind::<Timestamptz, _>(self.decided),
         );
         let rows = diesel_async::RunQueryDsl::load::<Claimed>(hold, &mut **c)
             .await
@@ -398,14 +404,16 @@ impl Draft {
             let expire = sql_query(
                 "UPDATE assets SET status = 'AVAILABLE', hold_expires_at = NULL, \
                      current_reservation_id = NULL, version = version + 1, \
-                     last_event_sequence = last_event_sequence + 1, updated_at = $1 \
+                     last_event_sequence = last_event_sequence + 1, updated_at = $1, \
+                     available_since = hold_expires_at \
                  WHERE id = $2 AND status = 'HELD' AND current_reservation_id = $3 \
-                   AND hold_expires_at <= $1 AND waitlist_length = 0 \
+                   AND hold_expires_at <= $4 AND waitlist_length = 0 \
                  RETURNING last_event_sequence",
             )
             .bind::<Instant, _>(now)
             .bind::<Text, _>(&r.asset_id)
-            .bind::<Text, _>(&d.reservation_id);
+            .bind::<Text, _>(&d.reservation_id)
+            .bind::<Instant, _>(self.decided);
             let expired: Option<Sequence> = conn
                 .optional(expire)
                 .await
@@ -433,8 +441,9 @@ impl Draft {
                  version = version + 1, last_event_sequence = last_event_sequence + 1, \
                  updated_at = $3 \
              WHERE id = $4 AND status = 'AVAILABLE' \
-               AND (available_from IS NULL OR available_from <= $3) \
                AND price_amount IS $5 AND price_currency IS $6 AND waitlist_length = 0 \
+               AND (available_from IS NULL OR available_from <= $7) \
+               AND (available_since IS NULL OR available_since <= $7) \
              RETURNING last_event_sequence",
         )
         .bind::<Instant, _>(r.expires_at)
@@ -442,7 +451,8 @@ impl Draft {
         .bind::<Instant, _>(now)
         .bind::<Text, _>(&r.asset_id)
         .bind::<Nullable<BigInt>, _>(r.price.as_ref().map(|p| p.amount))
-        .bind::<Nullable<Text>, _>(r.price.as_ref().map(|p| p.currency.as_str()));
+        .bind::<Nullable<Text>, _>(r.price.as_ref().map(|p| p.currency.as_str()))
+        .bind::<Instant, _>(self.decided);
         let Some(sequence) = conn
             .optional::<_, Sequence>(claim)
             .await
@@ -497,7 +507,8 @@ async fn snapshot(store: &Store, req: &HoldRequest) -> StoreResult<Snapshot<Seen
         let (asset, client, key) = input;
         let now = conn.now().await?;
         let read = sql_query(
-            "SELECT $1 AS now, a.status, a.hold_expires_at, a.available_from, \
+            "SELECT $1 AS now, a.status, a.hold_expires_at, a.available_from, a.available_since,
+           \
                         a.current_reservation_id, a.price_amount, a.price_currency, \
                         a.waitlist_length, \
                         h.client AS holder_client, h.buyer_id AS holder_buyer, \
@@ -528,14 +539,16 @@ WITH r AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY
         AS r(asset_id, client, key, ord)
 ), s AS MATERIALIZED (
-    SELECT a.id, a.status, a.hold_expires_at, a.available_from, a.current_reservation_id,
+    SELECT a.id, a.status, a.hold_expires_at, a.available_from, a.available_since,
+           a.current_reservation_id,
            a.price_amount, a.price_currency, a.waitlist_length, h.client AS holder_client,
            h.buyer_id AS holder_buyer
       FROM assets a
       LEFT JOIN reservations h ON h.id = a.current_reservation_id AND a.status = 'HELD'
      WHERE a.id = ANY($1::text[])
 )
-SELECT now() AS now, s.status, s.hold_expires_at, s.available_from, s.current_reservation_id,
+SELECT now() AS now, s.status, s.hold_expires_at, s.available_from, s.available_since,
+       s.current_reservation_id,
        s.price_amount, s.price_currency, s.waitlist_length, s.holder_client, s.holder_buyer,
        i.fingerprint, i.status_code, i.body, i.location
   FROM r
@@ -551,7 +564,8 @@ SELECT now() AS now, s.status, s.hold_expires_at, s.available_from, s.current_re
 /// every execution, which costs more than the reading when there is one
 /// request to read for (a replay's retries, a hold that came alone).
 pub const HOLD_SNAPSHOT_ONE_SQL: &str = "\
-SELECT now() AS now, a.status, a.hold_expires_at, a.available_from, a.current_reservation_id,
+SELECT now() AS now, a.status, a.hold_expires_at, a.available_from, a.available_since,
+           a.current_reservation_id,
        a.price_amount, a.price_currency, a.waitlist_length, h.client AS holder_client,
        h.buyer_id AS holder_buyer, i.fingerprint, i.status_code, i.body, i.location
   FROM (SELECT 1) AS one
@@ -623,6 +637,7 @@ fn seen(row: HoldSnapshotRow) -> StoreResult<Snapshot<Seen>> {
                 status: parse_status(AssetStatus::parse, &s)?,
                 hold_expires_at: row.hold_expires_at,
                 available_from: row.available_from,
+                available_since: row.available_since,
             },
             holding: row.current_reservation_id,
             holder: row.holder_client.zip(row.holder_buyer),

@@ -66,7 +66,8 @@ async fn undo_sale(
             let sold = sql_query(
                 "UPDATE assets SET status = 'AVAILABLE', current_reservation_id = NULL, \
                      hold_expires_at = NULL, version = version + 1, \
-                     last_event_sequence = last_event_sequence + 1, updated_at = $1 \
+                     last_event_sequence = last_event_sequence + 1, updated_at = $1, \
+                     available_since = $1 \
                  WHERE id = $2 AND status = 'SOLD' AND current_reservation_id = $3 \
                  RETURNING last_event_sequence",
             )

@@ -1,0 +1,1 @@
+ALTER TABLE assets DROP COLUMN available_since;
