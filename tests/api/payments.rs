@@ -149,6 +149,42 @@ async fn a_voided_sale_is_never_refunded_twice(app: TestApp) {
     assert!(ok, "{doc:#}");
 }
 
+/// The payment system retries a sale's commit (new keys, the same payment)
+/// while an operator voids it: each retry answers from one state, a 200
+/// with the sale COMMITTED or a 409 with it VOIDED, never a 200 describing
+/// the void.
+async fn retried_commits_racing_a_void_answer_one_state(app: TestApp) {
+    for round in 0..3 {
+        let asset = format!("F-RV{round}");
+        let id = held(&app, &asset).await;
+        let payment = format!("pay-{asset}");
+        assert_eq!(commit(&app, &id, &payment).await.0, 200);
+        let void = async {
+            let path = format!("/v1/reservations/{id}/void");
+            let response = app
+                .post(&path, Some(&new_key()), &json!({"refund": true}))
+                .await;
+            response.status().as_u16()
+        };
+        let commits = join_all((0..24).map(|_| commit(&app, &id, &payment)));
+        let (voided, answers) = tokio::join!(void, commits);
+        assert_eq!(voided, 200);
+        for (status, body) in &answers {
+            match status {
+                200 => assert_eq!(body["status"], "COMMITTED", "{body}"),
+                409 => {
+                    assert_eq!(body["error_code"], "RESERVATION_NOT_ACTIVE", "{body}");
+                    assert_eq!(body["reservation"]["status"], "VOIDED", "{body}");
+                }
+                _ => panic!("{status} {body}"),
+            }
+        }
+        assert_eq!(refunds_of(&app, &payment).await, 1);
+    }
+    let (ok, doc) = audit(&app);
+    assert!(ok, "{doc:#}");
+}
+
 /// `GET /v1/payments/{reference}` answers what a payment did.
 async fn a_payment_reads_its_fate(app: TestApp) {
     let a = held(&app, "F-G1").await;
@@ -233,6 +269,7 @@ async fn a_client_that_is_no_key_name_is_refused(app: TestApp) {
 
 backend_tests!(
     a_client_that_is_no_key_name_is_refused,
+    retried_commits_racing_a_void_answer_one_state,
     a_kept_payment_is_not_refunded_elsewhere,
     a_payment_is_refunded_once_whichever_reservation,
     a_refunded_payment_does_not_buy_a_live_hold,
