@@ -7,7 +7,6 @@ use std::sync::Arc;
 use actix_web::dev::Payload;
 use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpRequest};
-use chrono::SubsecRound;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
@@ -61,12 +60,12 @@ impl FromRequest for IdempotencyKeyHeader {
 /// caller's key name; its fingerprint covers method, route, path parameters
 /// and the canonical JSON body), marked as running on this instance for as
 /// long as it or its work lives, the body, and when it arrived (its head
-/// read, by this instance's clock).
+/// read, on this instance's monotonic clock).
 pub struct KeyedRequest<T, const OPTIONAL: bool = false> {
     pub caller: Caller,
     pub idempotency: Idempotency,
     pub body: T,
-    pub arrived: crate::domain::Timestamp,
+    pub arrived: std::time::Instant,
 }
 
 impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest
@@ -76,7 +75,7 @@ impl<T: DeserializeOwned + 'static, const OPTIONAL: bool> FromRequest
     type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let arrived = chrono::Utc::now().trunc_subsecs(6);
+        let arrived = std::time::Instant::now();
         let caller = Caller::extract(req).into_inner();
         let key = IdempotencyKeyHeader::extract(req).into_inner();
         let route = route_fingerprint(req);

@@ -196,9 +196,10 @@ pub struct HoldRequest {
     pub client: String,
     /// The shop's own references, kept with the reservation.
     pub metadata: Option<Metadata>,
-    /// When the request arrived, by this instance's clock: the hold is
-    /// decided on the asset as it stood then (`hold_decision`).
-    pub arrived: Timestamp,
+    /// When the request arrived, on this instance's monotonic clock: the
+    /// hold is decided on the asset as it stood then (`hold_decision`), a
+    /// moment placed on the database's clock by the first read.
+    pub arrived: std::time::Instant,
 }
 
 #[derive(Debug)]

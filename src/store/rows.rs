@@ -56,6 +56,9 @@ pub(crate) struct HoldSnapshotRow {
     pub(crate) waitlist_length: Option<i32>,
     pub(crate) holder_client: Option<String>,
     pub(crate) holder_buyer: Option<String>,
+    /// When the statement that read it was sent (the monotonic clock): the
+    /// read's clock `now` was taken after it.
+    pub(crate) sent: std::time::Instant,
 }
 
 impl<DB> QueryableByName<DB> for HoldSnapshotRow
@@ -99,6 +102,7 @@ where
             waitlist_length,
             holder_client,
             holder_buyer,
+            sent: std::time::Instant::now(),
         })
     }
 }

@@ -311,6 +311,43 @@ async fn a_hold_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres()
     assert_eq!(status, 201, "{held}");
 }
 
+/// The arrival is placed on the database's clock by the hold's first read,
+/// not read from the instance's wall clock: with that clock an hour behind
+/// (PostgreSQL's right), an asset released a moment ago and one whose hold
+/// has just lapsed are held at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_right_after_a_release_or_a_lapse_with_the_instance_clock_behind_on_postgres() {
+    let library = crate::helpers::fault_library();
+    let Some(app) = TestApp::try_spawn_process(Backend::Postgres, |command, _| {
+        command
+            .env("LD_PRELOAD", &library)
+            .env("FAULT_CLOCK_SHIFT_SECONDS", "-3600");
+    })
+    .await
+    else {
+        return;
+    };
+    for asset in ["I-11", "I-12"] {
+        app.create_asset(asset).await;
+    }
+    let released = app.hold("I-11", "x", 60).await["reservation_id"].clone();
+    let id = released.as_str().expect("an id");
+    assert_eq!(app.release(id, "release-I-11").await.status(), 200);
+    app.hold("I-12", "x", 1).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    for asset in ["I-11", "I-12"] {
+        let body = json!({"buyer_id": "b", "hold_seconds": 60});
+        let path = format!("/v1/assets/{asset}/reservations");
+        let response = app.post(&path, Some(&format!("hold-{asset}")), &body).await;
+        assert_eq!(
+            response.status(),
+            201,
+            "{asset}: {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+}
+
 backend_tests!(
     replay_of_a_201_is_a_byte_identical_200,
     the_key_is_required_and_bounded,

@@ -52,7 +52,7 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
             return Ok(Keyed::NotFound);
         };
         let lapsed = seen.holding.clone();
-        let decided = snap.now.min(req.arrived);
+        let decided = seen.arrived(req, snap.now);
         let displaced = match hold_decision(Some(seen.target), decided) {
             HoldDecision::NotFound => return Ok(Keyed::NotFound),
             HoldDecision::SaleNotOpen { .. } | HoldDecision::Unavailable { .. }
@@ -160,6 +160,9 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
 #[derive(Debug, Clone)]
 pub(crate) struct Seen {
     target: HoldTarget,
+    /// When the read was sent, on the monotonic clock: the snapshot's clock
+    /// was taken after it.
+    sent: std::time::Instant,
     /// The reservation holding it (live or lapsed).
     holding: Option<String>,
     /// That reservation's client and buyer, while the asset is HELD.
@@ -169,6 +172,19 @@ pub(crate) struct Seen {
 }
 
 impl Seen {
+    /// When `req` arrived, on the clock of the read (`now`): `now` less the
+    /// time from its arrival to the read's sending, both on this instance's
+    /// monotonic clock. The read took its clock after it was sent, so the
+    /// moment is never before the arrival, and the wall clock of the
+    /// instance, right or wrong, plays no part.
+    fn arrived(&self, req: &HoldRequest, now: Timestamp) -> Timestamp {
+        let waited = self.sent.saturating_duration_since(req.arrived);
+        Span::from_std(waited)
+            .ok()
+            .and_then(|waited| now.checked_sub_signed(waited))
+            .unwrap_or(now)
+    }
+
     /// Whether `buyer` of `client` holds it.
     fn held_by(&self, client: &str, buyer: &BuyerId) -> bool {
         self.holder
@@ -505,6 +521,7 @@ async fn snapshot(store: &Store, req: &HoldRequest) -> StoreResult<Snapshot<Seen
     // Boxed where it runs, as the writes of `hold` are: SQLite's read alone.
     Box::pin(store.run("read the asset to hold", async move |conn| {
         let (asset, client, key) = input;
+        let sent = std::time::Instant::now();
         let now = conn.now().await?;
         let read = sql_query(
             "SELECT $1 AS now, a.status, a.hold_expires_at, a.available_from, a.available_since,
@@ -524,7 +541,10 @@ async fn snapshot(store: &Store, req: &HoldRequest) -> StoreResult<Snapshot<Seen
         .bind::<Text, _>(client)
         .bind::<Text, _>(key);
         let row = conn.first::<_, HoldSnapshotRow>(read).await;
-        seen(row.context("read the asset to hold")?)
+        seen(HoldSnapshotRow {
+            sent,
+            ..row.context("read the asset to hold")?
+        })
     }))
     .await
 }
@@ -608,11 +628,16 @@ pub(crate) async fn read_snapshots(
                 .bind::<Array<Text>, _>(keys)
         }
     };
-    let rows = db
+    let rows: Vec<HoldSnapshotRow> = db
         .run(async |c| {
-            diesel_async::RunQueryDsl::load::<HoldSnapshotRow>(Prepared(read), c)
+            let sent = std::time::Instant::now();
+            let rows = diesel_async::RunQueryDsl::load::<HoldSnapshotRow>(Prepared(read), c)
                 .await
-                .context("read the asset to hold")
+                .context("read the asset to hold")?;
+            Ok(rows
+                .into_iter()
+                .map(|row| HoldSnapshotRow { sent, ..row })
+                .collect())
         })
         .await?;
     if rows.len() != unique.len() {
@@ -639,6 +664,7 @@ fn seen(row: HoldSnapshotRow) -> StoreResult<Snapshot<Seen>> {
                 available_from: row.available_from,
                 available_since: row.available_since,
             },
+            sent: row.sent,
             holding: row.current_reservation_id,
             holder: row.holder_client.zip(row.holder_buyer),
             price: crate::store::rows::price_of(row.price_amount, row.price_currency),
