@@ -17,8 +17,8 @@
 -- by then, a sale opened by then.
 ALTER TABLE assets ADD COLUMN available_since timestamptz;
 
-DROP FUNCTION hold_asset(text, text, text, timestamptz, timestamptz, text, text, text, text, text,
-                         integer, text, text, bigint, text, text, text, bigint, text, text, text);
+-- The function of the same name without `decided_at` stays, so that
+-- instances of the release before keep holding while a deploy replaces them.
 CREATE FUNCTION hold_asset(asset_id text, reservation_id text, buyer_id text,
                            at timestamptz, expires_at timestamptz, event_id text,
                            body text, key_client text, key text, fingerprint text,
