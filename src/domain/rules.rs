@@ -53,10 +53,11 @@ pub enum HoldDecision {
     Reclaim,
 }
 
-/// Decides a hold on the asset as it stood at `now`: the request's arrival,
-/// or the read's clock if that came first. A hold that lapsed later, an
-/// asset freed later or a sale opened later do not count: a later attempt
-/// of the same request may have been refused on them meanwhile.
+/// Decides a hold on the asset as it stood at `now`, the request's arrival
+/// on the database's clock. A hold that lapsed later, an asset freed later
+/// or a sale opened later do not count: a later attempt of the same request
+/// may have been refused on them meanwhile. An asset freed later is
+/// answered as HELD until the moment it became free, whatever kept it.
 pub fn hold_decision(stored: Option<HoldTarget>, now: Timestamp) -> HoldDecision {
     let Some(target) = stored else {
         return HoldDecision::NotFound;

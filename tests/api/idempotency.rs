@@ -311,6 +311,51 @@ async fn a_hold_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres()
     assert_eq!(status, 201, "{held}");
 }
 
+/// A buyer's own hold, live when the buyer's next hold of the asset arrived
+/// but lapsed by the time that hold is read (it waited for a connection),
+/// is the buyer's to take again: 201, not a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_own_hold_that_lapses_while_the_next_waits_is_taken_again_on_postgres() {
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
+        patient(c);
+        c.db_pool_size = 1;
+        c.db_acquire_timeout_ms = 20_000;
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("I-13").await;
+    app.create_asset("I-14").await;
+    app.hold("I-13", "b", 1).await;
+    let busy = app.hold("I-14", "w", 60).await["reservation_id"].clone();
+    let blocker = app.lock_asset("I-14").await;
+    let release = app
+        .client
+        .post(app.url(&format!(
+            "/v1/reservations/{}/release",
+            busy.as_str().expect("an id")
+        )))
+        .header("Idempotency-Key", "release-I-14")
+        .json(&json!({}))
+        .send();
+    let stuck = tokio::spawn(release);
+    app.lock_waiters(1).await;
+    let again = app
+        .client
+        .post(app.url("/v1/assets/I-13/reservations"))
+        .header("Idempotency-Key", "hold-I-13-again")
+        .json(&json!({"buyer_id": "b", "hold_seconds": 60}))
+        .send();
+    let again = tokio::spawn(again);
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    blocker.release().await;
+    assert_eq!(stuck.await.expect("joined").expect("sent").status(), 200);
+    let response = again.await.expect("joined").expect("sent");
+    let status = response.status();
+    assert_eq!(status, 201, "{}", response.text().await.unwrap_or_default());
+}
+
 /// The arrival is placed on the database's clock by the hold's first read,
 /// not read from the instance's wall clock: with that clock an hour behind
 /// (PostgreSQL's right), an asset released a moment ago and one whose hold

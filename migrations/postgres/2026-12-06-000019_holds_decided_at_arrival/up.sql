@@ -9,9 +9,9 @@
 -- at its arrival, which the refusal of a later attempt also saw.
 --
 -- `available_since` is when the asset last became free to hold (NULL:
--- since it was created): the release's and the void's statement clock, the
--- lapsed hold's expiry for an expiry or a displacement, the moment the
--- sale opened or the asset came back on sale. `hold_asset` takes the
+-- since it was created): the clock of the release's or the void's write,
+-- the lapsed hold's expiry for an expiry or a displacement, the opening a
+-- change of it moved earlier, the asset's return to sale. `hold_asset` takes the
 -- request's arrival (`decided_at`, never later than the clock) and claims
 -- only an asset free at that moment: free since then, a lapsed hold expired
 -- by then, a sale opened by then.

@@ -160,14 +160,19 @@ pub(crate) async fn update(
                 Some(at) => (at, 1),
                 None => (current.available_from, 0),
             };
-            // A sale that opens now: free to hold since now (`hold_decision`).
-            let opened = current.available_from.is_some_and(|at| at > now)
-                && available_from.is_none_or(|at| at <= now);
+            // An opening moved earlier or removed: the asset stays free to hold
+            // only since it was by the opening before (`hold_decision`), or
+            // since now when that opening was still ahead.
+            let opened = match (opening, current.available_from) {
+                (1, Some(before)) if available_from != Some(before) => Some(before.min(now)),
+                _ => None,
+            };
             let update = sql_query(
                 "UPDATE assets SET name = $1, price_amount = $2, price_currency = $3, \
                      attributes = $4, available_from = $5, version = version + $6, \
                      updated_at = $7, \
-                     available_since = CASE WHEN $8 = 1 THEN $7 ELSE available_since END \
+                     available_since = CASE WHEN $8 IS NULL OR available_since >= $8 \
+                         THEN available_since ELSE $8 END \
                  WHERE id = $9 RETURNING *",
             )
             .bind::<Text, _>(&name)
@@ -177,7 +182,7 @@ pub(crate) async fn update(
             .bind::<Nullable<Instant>, _>(available_from)
             .bind::<BigInt, _>(opening)
             .bind::<Instant, _>(now)
-            .bind::<BigInt, _>(i64::from(opened))
+            .bind::<Nullable<Instant>, _>(opened)
             .bind::<Text, _>(&id);
             let row: AssetRow = conn.first(update).await.context("change the asset")?;
             if attributes != current.attributes {

@@ -52,7 +52,7 @@ pub(crate) async fn hold(store: &Store, req: &HoldRequest) -> StoreResult<Keyed<
             return Ok(Keyed::NotFound);
         };
         let lapsed = seen.holding.clone();
-        let decided = seen.arrived(req, snap.now);
+        let decided = seen.decided(req, snap.now);
         let displaced = match hold_decision(Some(seen.target), decided) {
             HoldDecision::NotFound => return Ok(Keyed::NotFound),
             HoldDecision::SaleNotOpen { .. } | HoldDecision::Unavailable { .. }
@@ -172,12 +172,18 @@ pub(crate) struct Seen {
 }
 
 impl Seen {
-    /// When `req` arrived, on the clock of the read (`now`): `now` less the
-    /// time from its arrival to the read's sending, both on this instance's
-    /// monotonic clock. The read took its clock after it was sent, so the
-    /// moment is never before the arrival, and the wall clock of the
-    /// instance, right or wrong, plays no part.
-    fn arrived(&self, req: &HoldRequest, now: Timestamp) -> Timestamp {
+    /// The moment `req` is decided at: its arrival, on the clock of the read
+    /// (`now`, the start of the read's statement): `now` less the time from
+    /// the arrival to the read's sending, both on this instance's monotonic
+    /// clock, so never before the arrival; the instance's wall clock plays no
+    /// part. The buyer's own hold, live then but lapsed by `now`, is decided
+    /// at `now`: no attempt was refused on it (the buyer's own hold is
+    /// answered and kept under the key), and the buyer may take it again.
+    fn decided(&self, req: &HoldRequest, now: Timestamp) -> Timestamp {
+        let lapsed = self.target.hold_expires_at.is_some_and(|at| at <= now);
+        if lapsed && self.held_by(&req.client, &req.buyer_id) {
+            return now;
+        }
         let waited = self.sent.saturating_duration_since(req.arrived);
         Span::from_std(waited)
             .ok()
@@ -567,7 +573,7 @@ WITH r AS (
       LEFT JOIN reservations h ON h.id = a.current_reservation_id AND a.status = 'HELD'
      WHERE a.id = ANY($1::text[])
 )
-SELECT now() AS now, s.status, s.hold_expires_at, s.available_from, s.available_since,
+SELECT statement_timestamp() AS now, s.status, s.hold_expires_at, s.available_from, s.available_since,
        s.current_reservation_id,
        s.price_amount, s.price_currency, s.waitlist_length, s.holder_client, s.holder_buyer,
        i.fingerprint, i.status_code, i.body, i.location
@@ -584,7 +590,7 @@ SELECT now() AS now, s.status, s.hold_expires_at, s.available_from, s.available_
 /// every execution, which costs more than the reading when there is one
 /// request to read for (a replay's retries, a hold that came alone).
 pub const HOLD_SNAPSHOT_ONE_SQL: &str = "\
-SELECT now() AS now, a.status, a.hold_expires_at, a.available_from, a.available_since,
+SELECT statement_timestamp() AS now, a.status, a.hold_expires_at, a.available_from, a.available_since,
            a.current_reservation_id,
        a.price_amount, a.price_currency, a.waitlist_length, h.client AS holder_client,
        h.buyer_id AS holder_buyer, i.fingerprint, i.status_code, i.body, i.location

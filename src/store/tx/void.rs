@@ -63,15 +63,18 @@ async fn undo_sale(
     store
         .write("void the sale", async move |conn| {
             let (id, asset) = (&reservation.reservation_id, &reservation.asset_id);
+            // Free to hold from this write on, not from the read before it.
+            let freed = conn.now_after_locks().await?;
             let sold = sql_query(
                 "UPDATE assets SET status = 'AVAILABLE', current_reservation_id = NULL, \
                      hold_expires_at = NULL, version = version + 1, \
                      last_event_sequence = last_event_sequence + 1, updated_at = $1, \
-                     available_since = $1 \
-                 WHERE id = $2 AND status = 'SOLD' AND current_reservation_id = $3 \
+                     available_since = $2 \
+                 WHERE id = $3 AND status = 'SOLD' AND current_reservation_id = $4 \
                  RETURNING last_event_sequence",
             )
             .bind::<Instant, _>(now)
+            .bind::<Instant, _>(freed)
             .bind::<Text, _>(asset)
             .bind::<Text, _>(id);
             let Some(sequence) = conn
