@@ -311,6 +311,100 @@ async fn a_hold_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres()
     assert_eq!(status, 201, "{held}");
 }
 
+/// The same with a sale's opening: the first attempt arrives before the
+/// sale opens and waits; its retry is refused (`SALE_NOT_OPEN`); the sale
+/// opens by itself, and then an operator removes its opening time. The
+/// first attempt still refuses: the asset was not on sale at its arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_that_arrived_before_the_opening_refuses_after_it_is_removed_on_postgres() {
+    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, |c| {
+        patient(c);
+        c.db_pool_size = 1;
+        c.db_acquire_timeout_ms = 20_000;
+    })
+    .await
+    else {
+        return;
+    };
+    let instances = app.instances();
+    let (first, other) = (instances[0], instances[instances.len() - 1]);
+    let opens = chrono::Utc::now() + chrono::Duration::milliseconds(1_500);
+    let opens_text = opens.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let (status, created) = app
+        .send(
+            reqwest::Method::POST,
+            "/v1/assets",
+            None,
+            Some(json!({"id": "I-15", "name": "later", "available_from": opens_text})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    app.create_asset("I-16").await;
+    let busy = app.hold("I-16", "w", 60).await["reservation_id"].clone();
+    let send = |method: reqwest::Method, address: &str, path: String, body: Value| {
+        let request = app
+            .client
+            .request(method, format!("{address}{path}"))
+            .header("Idempotency-Key", crate::helpers::new_key())
+            .json(&body)
+            .send();
+        async move {
+            let response = request.await.expect("sent");
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let hold = |address: &str| {
+        let request = app
+            .client
+            .post(format!("{address}/v1/assets/I-15/reservations"))
+            .header("Idempotency-Key", "opening-hold")
+            .json(&json!({"buyer_id": "b", "hold_seconds": 60}))
+            .send();
+        async move {
+            let response = request.await.expect("sent");
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.expect("JSON"))
+        }
+    };
+    let blocker = app.lock_asset("I-16").await;
+    let path = format!("/v1/reservations/{}/release", busy.as_str().expect("an id"));
+    let stuck = tokio::spawn(send(reqwest::Method::POST, first, path, json!({})));
+    app.lock_waiters(1).await;
+    let attempt = tokio::spawn(hold(first));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, refused) = hold(other).await;
+    assert_eq!(
+        (status, refused["error_code"].as_str()),
+        (409, Some("SALE_NOT_OPEN")),
+        "{refused}"
+    );
+    let wait = (opens - chrono::Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_millis(200)).await;
+    let opened = json!({"available_from": null});
+    let (status, patched) = send(
+        reqwest::Method::PATCH,
+        other,
+        "/v1/assets/I-15".into(),
+        opened,
+    )
+    .await;
+    assert_eq!(status, 200, "{patched}");
+    blocker.release().await;
+    assert_eq!(stuck.await.expect("joined").0, 200);
+    let (status, late) = attempt.await.expect("joined");
+    assert_eq!(status, 409, "{late}");
+    let kept = "SELECT count(*) FROM reservations WHERE asset_id = 'I-15'";
+    assert_eq!(
+        app.count(kept).await,
+        0,
+        "nothing held under the refused key"
+    );
+}
+
 /// A buyer's own hold, live when the buyer's next hold of the asset arrived
 /// but lapsed by the time that hold is read (it waited for a connection),
 /// is the buyer's to take again: 201, not a refusal.
@@ -325,6 +419,9 @@ async fn an_own_hold_that_lapses_while_the_next_waits_is_taken_again_on_postgres
     else {
         return;
     };
+    // The one instance whose connection waits (behind a pooler, `url`
+    // alternates with a second one).
+    let first = app.instances()[0].to_owned();
     app.create_asset("I-13").await;
     app.create_asset("I-14").await;
     app.hold("I-13", "b", 1).await;
@@ -332,10 +429,10 @@ async fn an_own_hold_that_lapses_while_the_next_waits_is_taken_again_on_postgres
     let blocker = app.lock_asset("I-14").await;
     let release = app
         .client
-        .post(app.url(&format!(
-            "/v1/reservations/{}/release",
+        .post(format!(
+            "{first}/v1/reservations/{}/release",
             busy.as_str().expect("an id")
-        )))
+        ))
         .header("Idempotency-Key", "release-I-14")
         .json(&json!({}))
         .send();
@@ -343,7 +440,7 @@ async fn an_own_hold_that_lapses_while_the_next_waits_is_taken_again_on_postgres
     app.lock_waiters(1).await;
     let again = app
         .client
-        .post(app.url("/v1/assets/I-13/reservations"))
+        .post(format!("{first}/v1/assets/I-13/reservations"))
         .header("Idempotency-Key", "hold-I-13-again")
         .json(&json!({"buyer_id": "b", "hold_seconds": 60}))
         .send();
