@@ -221,6 +221,60 @@ async fn retry_while_running(app: &TestApp, asset: &str, first: &str, retry: &st
     assert_eq!(retried.2, attempt.2);
 }
 
+/// One database connection per instance, and timeouts long enough to wait
+/// for it while [`keep_the_connection`] keeps it busy.
+fn one_connection(config: &mut holdfast::Config) {
+    patient(config);
+    config.db_pool_size = 1;
+    config.db_acquire_timeout_ms = 20_000;
+}
+
+/// `method path` with `key` and `body`, sent to the instance at `address`:
+/// its status and JSON body (null when it has none). Built at once, so that
+/// it can be spawned.
+fn send_to(
+    app: &TestApp,
+    method: reqwest::Method,
+    address: &str,
+    path: &str,
+    key: &str,
+    body: Value,
+) -> impl std::future::Future<Output = (u16, Value)> + Send + 'static {
+    let request = app
+        .client
+        .request(method, format!("{address}{path}"))
+        .header("Idempotency-Key", key)
+        .json(&body)
+        .send();
+    async move {
+        let response = request.await.expect("sent");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+/// Keeps the one connection of the instance at `address` busy: the release
+/// of a hold on `asset` (made here) waits there behind a lock the test
+/// holds, until the blocker is released; the task answers the release.
+async fn keep_the_connection(
+    app: &TestApp,
+    address: &str,
+    asset: &str,
+) -> (
+    crate::helpers::Blocker,
+    tokio::task::JoinHandle<(u16, Value)>,
+) {
+    app.create_asset(asset).await;
+    let busy = app.hold(asset, "w", 60).await["reservation_id"].clone();
+    let blocker = app.lock_asset(asset).await;
+    let path = format!("/v1/reservations/{}/release", busy.as_str().expect("an id"));
+    let key = format!("release-{asset}");
+    let release = send_to(app, reqwest::Method::POST, address, &path, &key, json!({}));
+    let stuck = tokio::spawn(release);
+    app.lock_waiters(1).await;
+    (blocker, stuck)
+}
+
 /// A hold is decided on the asset as it stood when the request arrived.
 /// Its client gave up on a first attempt, still waiting for a connection on
 /// one instance, and sent it again to another, which refused it: another
@@ -230,54 +284,27 @@ async fn retry_while_running(app: &TestApp, asset: &str, first: &str, retry: &st
 /// refusal. A retry sent after the release holds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres() {
-    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, |c| {
-        patient(c);
-        c.db_pool_size = 1;
-        c.db_acquire_timeout_ms = 20_000;
-    })
-    .await
-    else {
+    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, one_connection).await else {
         return;
     };
     let instances = app.instances();
     let (first, other) = (instances[0], instances[instances.len() - 1]);
     assert_ne!(first, other, "two instances");
     app.create_asset("I-9").await;
-    app.create_asset("I-10").await;
     let taken = app.hold("I-9", "x", 60).await["reservation_id"].clone();
-    let busy = app.hold("I-10", "w", 60).await["reservation_id"].clone();
-    let post = |address: &str, path: String, key: &'static str, body: Value| {
-        let request = app
-            .client
-            .post(format!("{address}{path}"))
-            .header("Idempotency-Key", key)
-            .json(&body)
-            .send();
-        async move {
-            let response = request.await.expect("sent");
-            let status = response.status().as_u16();
-            let body: Value = response.json().await.expect("JSON");
-            (status, body)
-        }
-    };
     let hold = |address: &str| {
         let body = json!({"buyer_id": "b", "hold_seconds": 60});
-        post(
+        let path = "/v1/assets/I-9/reservations";
+        send_to(
+            &app,
+            reqwest::Method::POST,
             address,
-            "/v1/assets/I-9/reservations".into(),
+            path,
             "late-hold",
             body,
         )
     };
-    // The first instance's one connection waits behind a lock.
-    let blocker = app.lock_asset("I-10").await;
-    let stuck = tokio::spawn(post(
-        first,
-        format!("/v1/reservations/{}/release", busy.as_str().expect("an id")),
-        "release-busy",
-        json!({}),
-    ));
-    app.lock_waiters(1).await;
+    let (blocker, stuck) = keep_the_connection(&app, first, "I-10").await;
     let attempt = tokio::spawn(hold(first));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!attempt.is_finished(), "the first attempt waits");
@@ -290,7 +317,15 @@ async fn a_hold_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres()
         "/v1/reservations/{}/release",
         taken.as_str().expect("an id")
     );
-    let (status, released) = post(other, path, "release-taken", json!({})).await;
+    let release = send_to(
+        &app,
+        reqwest::Method::POST,
+        other,
+        &path,
+        "release-taken",
+        json!({}),
+    );
+    let (status, released) = release.await;
     assert_eq!(status, 200, "{released}");
     blocker.release().await;
     assert_eq!(stuck.await.expect("joined").0, 200);
@@ -317,13 +352,7 @@ async fn a_hold_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres()
 /// first attempt still refuses: the asset was not on sale at its arrival.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hold_that_arrived_before_the_opening_refuses_after_it_is_removed_on_postgres() {
-    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, |c| {
-        patient(c);
-        c.db_pool_size = 1;
-        c.db_acquire_timeout_ms = 20_000;
-    })
-    .await
-    else {
+    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, one_connection).await else {
         return;
     };
     let instances = app.instances();
@@ -339,41 +368,19 @@ async fn a_hold_that_arrived_before_the_opening_refuses_after_it_is_removed_on_p
         )
         .await;
     assert_eq!(status, 201, "{created}");
-    app.create_asset("I-16").await;
-    let busy = app.hold("I-16", "w", 60).await["reservation_id"].clone();
-    let send = |method: reqwest::Method, address: &str, path: String, body: Value| {
-        let request = app
-            .client
-            .request(method, format!("{address}{path}"))
-            .header("Idempotency-Key", crate::helpers::new_key())
-            .json(&body)
-            .send();
-        async move {
-            let response = request.await.expect("sent");
-            let status = response.status().as_u16();
-            (
-                status,
-                response.json::<Value>().await.unwrap_or(Value::Null),
-            )
-        }
-    };
     let hold = |address: &str| {
-        let request = app
-            .client
-            .post(format!("{address}/v1/assets/I-15/reservations"))
-            .header("Idempotency-Key", "opening-hold")
-            .json(&json!({"buyer_id": "b", "hold_seconds": 60}))
-            .send();
-        async move {
-            let response = request.await.expect("sent");
-            let status = response.status().as_u16();
-            (status, response.json::<Value>().await.expect("JSON"))
-        }
+        let body = json!({"buyer_id": "b", "hold_seconds": 60});
+        let path = "/v1/assets/I-15/reservations";
+        send_to(
+            &app,
+            reqwest::Method::POST,
+            address,
+            path,
+            "opening-hold",
+            body,
+        )
     };
-    let blocker = app.lock_asset("I-16").await;
-    let path = format!("/v1/reservations/{}/release", busy.as_str().expect("an id"));
-    let stuck = tokio::spawn(send(reqwest::Method::POST, first, path, json!({})));
-    app.lock_waiters(1).await;
+    let (blocker, stuck) = keep_the_connection(&app, first, "I-16").await;
     let attempt = tokio::spawn(hold(first));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (status, refused) = hold(other).await;
@@ -385,13 +392,15 @@ async fn a_hold_that_arrived_before_the_opening_refuses_after_it_is_removed_on_p
     let wait = (opens - chrono::Utc::now()).to_std().unwrap_or_default();
     tokio::time::sleep(wait + Duration::from_millis(200)).await;
     let opened = json!({"available_from": null});
-    let (status, patched) = send(
+    let patch = send_to(
+        &app,
         reqwest::Method::PATCH,
         other,
-        "/v1/assets/I-15".into(),
+        "/v1/assets/I-15",
+        "open-I-15",
         opened,
-    )
-    .await;
+    );
+    let (status, patched) = patch.await;
     assert_eq!(status, 200, "{patched}");
     blocker.release().await;
     assert_eq!(stuck.await.expect("joined").0, 200);
@@ -410,47 +419,31 @@ async fn a_hold_that_arrived_before_the_opening_refuses_after_it_is_removed_on_p
 /// is the buyer's to take again: 201, not a refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_own_hold_that_lapses_while_the_next_waits_is_taken_again_on_postgres() {
-    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
-        patient(c);
-        c.db_pool_size = 1;
-        c.db_acquire_timeout_ms = 20_000;
-    })
-    .await
-    else {
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, one_connection).await else {
         return;
     };
     // The one instance whose connection waits (behind a pooler, `url`
     // alternates with a second one).
     let first = app.instances()[0].to_owned();
     app.create_asset("I-13").await;
-    app.create_asset("I-14").await;
     app.hold("I-13", "b", 1).await;
-    let busy = app.hold("I-14", "w", 60).await["reservation_id"].clone();
-    let blocker = app.lock_asset("I-14").await;
-    let release = app
-        .client
-        .post(format!(
-            "{first}/v1/reservations/{}/release",
-            busy.as_str().expect("an id")
-        ))
-        .header("Idempotency-Key", "release-I-14")
-        .json(&json!({}))
-        .send();
-    let stuck = tokio::spawn(release);
-    app.lock_waiters(1).await;
-    let again = app
-        .client
-        .post(format!("{first}/v1/assets/I-13/reservations"))
-        .header("Idempotency-Key", "hold-I-13-again")
-        .json(&json!({"buyer_id": "b", "hold_seconds": 60}))
-        .send();
+    let (blocker, stuck) = keep_the_connection(&app, &first, "I-14").await;
+    let body = json!({"buyer_id": "b", "hold_seconds": 60});
+    let path = "/v1/assets/I-13/reservations";
+    let again = send_to(
+        &app,
+        reqwest::Method::POST,
+        &first,
+        path,
+        "hold-I-13-again",
+        body,
+    );
     let again = tokio::spawn(again);
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     blocker.release().await;
-    assert_eq!(stuck.await.expect("joined").expect("sent").status(), 200);
-    let response = again.await.expect("joined").expect("sent");
-    let status = response.status();
-    assert_eq!(status, 201, "{}", response.text().await.unwrap_or_default());
+    assert_eq!(stuck.await.expect("joined").0, 200);
+    let (status, held) = again.await.expect("joined");
+    assert_eq!(status, 201, "{held}");
 }
 
 /// The arrival is placed on the database's clock by the hold's first read,
