@@ -57,7 +57,8 @@ pub(crate) struct HoldSnapshotRow {
     pub(crate) holder_client: Option<String>,
     pub(crate) holder_buyer: Option<String>,
     /// When the statement that read it was sent (the monotonic clock): the
-    /// read's clock `now` was taken after it.
+    /// read's clock `now` was taken after it. Decoding sets the moment of
+    /// decoding; the reader, which alone knows, replaces it.
     pub(crate) sent: std::time::Instant,
 }
 
