@@ -76,6 +76,7 @@ pub async fn join_waitlist(
         buyer_id,
         client: request.caller.name,
         idempotency: request.idempotency,
+        arrived: request.arrived,
     };
     let outcome = state.store.join_waitlist(&join).await?;
     JOINS.keyed(outcome, |joined| match joined {
@@ -222,6 +223,7 @@ pub async fn make_offer(
         metadata: request.body.metadata.clone(),
         by: request.caller.name.clone(),
         idempotency: request.idempotency.clone(),
+        arrived: request.arrived,
     };
     let outcome = state.store.offer(&offer).await?;
     OFFERS.keyed(outcome, |offered| match offered {

@@ -231,6 +231,9 @@ pub struct OfferRequest {
     pub idempotency: Idempotency,
     /// The admin making the offer, named in its event.
     pub by: String,
+    /// When the request arrived: the offer is decided on the asset as it
+    /// stood then, as a hold is.
+    pub arrived: std::time::Instant,
 }
 
 #[derive(Debug)]
@@ -251,6 +254,9 @@ pub struct JoinRequest {
     /// The client queueing on the buyer's behalf, who owns the entry.
     pub client: String,
     pub idempotency: Idempotency,
+    /// When the request arrived: only a hold that began before it is
+    /// queued for.
+    pub arrived: std::time::Instant,
 }
 
 #[derive(Debug)]

@@ -446,6 +446,145 @@ async fn an_own_hold_that_lapses_while_the_next_waits_is_taken_again_on_postgres
     assert_eq!(status, 201, "{held}");
 }
 
+/// An offer is decided on the asset as it stood at its arrival, as a hold
+/// is: its first attempt waits for a connection, its retry on the other
+/// instance is refused (another buyer holds the asset), that hold is
+/// released, and the first attempt refuses too instead of making the offer
+/// under a key whose last answer was the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres() {
+    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, one_connection).await else {
+        return;
+    };
+    let instances = app.instances();
+    let (first, other) = (instances[0], instances[instances.len() - 1]);
+    assert_ne!(first, other, "two instances");
+    app.create_asset("I-17").await;
+    let taken = app.hold("I-17", "x", 60).await["reservation_id"].clone();
+    let expires = (chrono::Utc::now() + chrono::Duration::days(2))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let offer = |address: &str| {
+        let body = json!({"buyer_id": "runner-up", "client": "-", "expires_at": expires});
+        let path = "/v1/assets/I-17/offers";
+        send_to(
+            &app,
+            reqwest::Method::POST,
+            address,
+            path,
+            "late-offer",
+            body,
+        )
+    };
+    let (blocker, stuck) = keep_the_connection(&app, first, "I-18").await;
+    let attempt = tokio::spawn(offer(first));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!attempt.is_finished(), "the first attempt waits");
+    let (status, refused) = offer(other).await;
+    assert_eq!(
+        (status, refused["error_code"].as_str()),
+        (409, Some("ASSET_UNAVAILABLE")),
+        "{refused}"
+    );
+    let path = format!(
+        "/v1/reservations/{}/release",
+        taken.as_str().expect("an id")
+    );
+    let release = send_to(
+        &app,
+        reqwest::Method::POST,
+        other,
+        &path,
+        "release-I-17",
+        json!({}),
+    );
+    let (status, released) = release.await;
+    assert_eq!(status, 200, "{released}");
+    blocker.release().await;
+    assert_eq!(stuck.await.expect("joined").0, 200);
+    let (status, late) = attempt.await.expect("joined");
+    assert_eq!(
+        (
+            status,
+            late["error_code"].as_str(),
+            late["asset_status"].as_str()
+        ),
+        (409, Some("ASSET_UNAVAILABLE"), Some("HELD")),
+        "{late}"
+    );
+    let kept =
+        "SELECT count(*) FROM reservations WHERE asset_id = 'I-17' AND buyer_id = 'runner-up'";
+    assert_eq!(
+        app.count(kept).await,
+        0,
+        "nothing offered under the refused key"
+    );
+    let (status, offered) = offer(other).await;
+    assert_eq!(status, 201, "{offered}");
+}
+
+/// A buyer queues only for a hold that began before the request arrived:
+/// the first attempt of a join waits for a connection, its retry on the
+/// other instance is refused (the asset was free: `WAITLIST_NOT_OPEN`),
+/// another buyer then holds the asset, and the first attempt refuses too
+/// instead of queueing under a key whose last answer was the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_is_decided_on_the_hold_as_it_stood_at_its_arrival_on_postgres() {
+    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, one_connection).await else {
+        return;
+    };
+    let instances = app.instances();
+    let (first, other) = (instances[0], instances[instances.len() - 1]);
+    assert_ne!(first, other, "two instances");
+    app.create_asset("I-19").await;
+    let join = |address: &str| {
+        let body = json!({"buyer_id": "queued"});
+        let path = "/v1/assets/I-19/waitlist";
+        send_to(
+            &app,
+            reqwest::Method::POST,
+            address,
+            path,
+            "late-join",
+            body,
+        )
+    };
+    let (blocker, stuck) = keep_the_connection(&app, first, "I-20").await;
+    let attempt = tokio::spawn(join(first));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!attempt.is_finished(), "the first attempt waits");
+    let (status, refused) = join(other).await;
+    assert_eq!(
+        (
+            status,
+            refused["error_code"].as_str(),
+            refused["asset_status"].as_str()
+        ),
+        (409, Some("WAITLIST_NOT_OPEN"), Some("AVAILABLE")),
+        "{refused}"
+    );
+    let body = json!({"buyer_id": "x", "hold_seconds": 60});
+    let path = "/v1/assets/I-19/reservations";
+    let hold = send_to(&app, reqwest::Method::POST, other, path, "hold-I-19", body);
+    let (status, held) = hold.await;
+    assert_eq!(status, 201, "{held}");
+    blocker.release().await;
+    assert_eq!(stuck.await.expect("joined").0, 200);
+    let (status, late) = attempt.await.expect("joined");
+    assert_eq!(
+        (status, late["error_code"].as_str()),
+        (409, Some("WAITLIST_NOT_OPEN")),
+        "{late}"
+    );
+    let queued = "SELECT count(*) FROM waitlist WHERE asset_id = 'I-19'";
+    assert_eq!(
+        app.count(queued).await,
+        0,
+        "nobody queued under the refused key"
+    );
+    let (status, joined) = join(other).await;
+    assert_eq!(status, 201, "{joined}");
+}
+
 /// The arrival is placed on the database's clock by the hold's first read,
 /// not read from the instance's wall clock: with that clock an hour behind
 /// (PostgreSQL's right), an asset released a moment ago and one whose hold

@@ -6,8 +6,8 @@
 use diesel::sql_types::{Nullable, Text};
 use diesel::QueryableByName;
 
-use super::Snapshot;
-use crate::domain::{AssetStatus, Reservation, Timestamp};
+use super::{arrival, Snapshot};
+use crate::domain::{AssetStatus, HoldTarget, Reservation, Timestamp};
 use crate::store::api::Idempotency;
 use crate::store::conn::{Bind, Conn, Sql};
 use crate::store::db::Store;
@@ -20,11 +20,18 @@ pub(crate) struct AssetSeen {
     /// Its effective status: a lapsed hold frees it, unless buyers wait
     /// for it (then it is theirs next, and reads HELD).
     pub status: AssetStatus,
-    /// The live hold's expiry.
-    pub hold_expires_at: Option<Timestamp>,
     pub waitlist_length: i64,
     /// The live hold's client and buyer.
     pub holder: Option<(String, String)>,
+    /// The asset as stored, for a decision at the request's arrival
+    /// (`hold_decision`). Its opening is left out: an offer may be made
+    /// before the sale opens.
+    pub target: HoldTarget,
+    /// The hold the asset has (live or lapsed): its reservation, and when
+    /// that reservation began.
+    pub holding: Option<(String, Timestamp)>,
+    /// The request's arrival on the read's clock ([`arrival`]).
+    pub decided: Timestamp,
 }
 
 #[derive(QueryableByName)]
@@ -35,8 +42,14 @@ struct AssetSeenRow {
     status: Option<String>,
     #[diesel(sql_type = Nullable<Instant>)]
     hold_expires_at: Option<Timestamp>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    available_since: Option<Timestamp>,
     #[diesel(sql_type = Nullable<diesel::sql_types::Integer>)]
     waitlist_length: Option<i32>,
+    #[diesel(sql_type = Nullable<Text>)]
+    current_reservation_id: Option<String>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    held_since: Option<Timestamp>,
     #[diesel(sql_type = Nullable<Text>)]
     holder_client: Option<String>,
     #[diesel(sql_type = Nullable<Text>)]
@@ -44,20 +57,24 @@ struct AssetSeenRow {
 }
 
 /// The clock, the asset (`None` when it does not exist) and the answer kept
-/// under the request's key, in one statement.
+/// under the request's key, in one statement; the request `arrived` then.
 pub(crate) async fn asset_snapshot(
     store: &Store,
     context: &'static str,
     asset: &str,
     idempotency: &Idempotency,
+    arrived: std::time::Instant,
 ) -> StoreResult<Snapshot<AssetSeen>> {
     let (asset, idempotency) = (asset.to_owned(), idempotency.clone());
     store
         .run(context, async move |conn| {
-            let now = conn.now().await?;
+            let sent = std::time::Instant::now();
+            let now = conn.now_after_locks().await?;
+            let decided = arrival(now, sent, arrived);
             let mut read = Sql::new("SELECT ");
             read.bind(Bind::At(now)).push(
-                " AS now, a.status, a.hold_expires_at, a.waitlist_length, \
+                " AS now, a.status, a.hold_expires_at, a.available_since, a.waitlist_length, \
+                   a.current_reservation_id, h.created_at AS held_since, \
                    h.client AS holder_client, h.buyer_id AS holder_buyer, \
                    i.fingerprint, i.status_code, i.body, i.location \
                  FROM (SELECT 1) AS one LEFT JOIN assets a ON a.id = ",
@@ -81,10 +98,10 @@ pub(crate) async fn asset_snapshot(
                 })?;
             let seen = match row.status {
                 Some(status) => {
-                    let status = parse_status(AssetStatus::parse, &status)?;
+                    let stored = parse_status(AssetStatus::parse, &status)?;
                     let waitlist_length = i64::from(row.waitlist_length.unwrap_or_default());
                     let live = row.hold_expires_at.filter(|e| *e > now);
-                    let status = match status {
+                    let status = match stored {
                         AssetStatus::Held if live.is_none() && waitlist_length == 0 => {
                             AssetStatus::Available
                         }
@@ -94,11 +111,22 @@ pub(crate) async fn asset_snapshot(
                         (Some(_), Some(client), Some(buyer)) => Some((client, buyer)),
                         _ => None,
                     };
+                    let holding = match stored {
+                        AssetStatus::Held => row.current_reservation_id.zip(row.held_since),
+                        _ => None,
+                    };
                     Some(AssetSeen {
                         status,
-                        hold_expires_at: live,
                         waitlist_length,
                         holder,
+                        target: HoldTarget {
+                            status: stored,
+                            hold_expires_at: row.hold_expires_at,
+                            available_from: None,
+                            available_since: row.available_since,
+                        },
+                        holding,
+                        decided,
                     })
                 }
                 None => None,
@@ -112,11 +140,12 @@ pub(crate) async fn asset_snapshot(
 /// how it was made and its metadata): the asset HELD until then with this
 /// reservation current and a new version, and the reservation written at
 /// the asset's price, which `held` takes. `false` when the asset was not
-/// AVAILABLE.
+/// AVAILABLE, or, given `free_at`, had become free after that moment.
 pub(crate) async fn give(
     conn: &mut Conn<'_>,
     held: &mut Reservation,
     now: Timestamp,
+    free_at: Option<Timestamp>,
 ) -> StoreResult<bool> {
     #[derive(QueryableByName)]
     struct Priced {
@@ -134,7 +163,14 @@ pub(crate) async fn give(
         .bind(Bind::At(now))
         .push(" WHERE id = ")
         .bind(Bind::Text(held.asset_id.clone()))
-        .push(" AND status = 'AVAILABLE' RETURNING price_amount, price_currency");
+        .push(" AND status = 'AVAILABLE'");
+    if let Some(at) = free_at {
+        claim
+            .push(" AND (available_since IS NULL OR available_since <= ")
+            .bind(Bind::At(at))
+            .push(")");
+    }
+    claim.push(" RETURNING price_amount, price_currency");
     let Some(priced) = conn
         .load_sql::<Priced>(&claim)
         .await

@@ -184,11 +184,7 @@ impl Seen {
         if lapsed && self.held_by(&req.client, &req.buyer_id) {
             return now;
         }
-        let waited = self.sent.saturating_duration_since(req.arrived);
-        Span::from_std(waited)
-            .ok()
-            .and_then(|waited| now.checked_sub_signed(waited))
-            .unwrap_or(now)
+        super::arrival(now, self.sent, req.arrived)
     }
 
     /// Whether `buyer` of `client` holds it.

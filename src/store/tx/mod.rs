@@ -74,6 +74,22 @@ pub(crate) fn answered<T>(stored: StoredAnswer, idempotency: &Idempotency) -> Ke
     }
 }
 
+/// A request's arrival on the database's clock: `now`, read by a statement
+/// sent at `sent`, less the time from `arrived` to `sent`, both on this
+/// instance's monotonic clock (its wall clock plays no part). Never after
+/// `now`, and never before the arrival.
+pub(crate) fn arrival(
+    now: Timestamp,
+    sent: std::time::Instant,
+    arrived: std::time::Instant,
+) -> Timestamp {
+    let waited = sent.saturating_duration_since(arrived);
+    chrono::Duration::from_std(waited)
+        .ok()
+        .and_then(|waited| now.checked_sub_signed(waited))
+        .unwrap_or(now)
+}
+
 /// Before an answer that wrote nothing: waits for the earlier attempts of
 /// this request still running here, for at most half the call's time (which
 /// leaves it the other half); false when one still runs then.

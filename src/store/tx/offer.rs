@@ -8,7 +8,10 @@
 use super::expire::{expire_lapsed, Lapsed};
 use super::given::{asset_snapshot, give};
 use super::{about, answered, contention, write_after, Keep, MAX_ATTEMPTS};
-use crate::domain::{AssetStatus, AssetUnavailable, EventType, Reservation, Via};
+use crate::domain::{
+    hold_decision, AssetStatus, AssetUnavailable, EventType, HoldDecision, Reservation, Timestamp,
+    Via,
+};
 use crate::store::api::{Answer, Keyed, OfferOutcome, OfferRequest};
 use crate::store::db::Store;
 use crate::store::error::{Abort, StoreResult};
@@ -21,6 +24,7 @@ pub(crate) async fn offer(store: &Store, req: &OfferRequest) -> StoreResult<Keye
             "read the asset to offer",
             req.asset_id.as_str(),
             &req.idempotency,
+            req.arrived,
         )
         .await?;
         if let Some(stored) = snap.stored {
@@ -34,12 +38,27 @@ pub(crate) async fn offer(store: &Store, req: &OfferRequest) -> StoreResult<Keye
         if req.expires_at < earliest || req.expires_at > latest {
             return Ok(Keyed::Done(OfferOutcome::OutOfRange { earliest, latest }));
         }
-        if seen.status != AssetStatus::Available {
-            return Ok(Keyed::Done(OfferOutcome::Unavailable(AssetUnavailable {
-                status: seen.status,
-                hold_expires_at: seen.hold_expires_at,
+        // Decided on the asset as it stood at the request's arrival, as a
+        // hold is: a later attempt of the same request may have been refused
+        // meanwhile on a hold that has since ended.
+        let unavailable = |status, hold_expires_at| {
+            Ok(Keyed::Done(OfferOutcome::Unavailable(AssetUnavailable {
+                status,
+                hold_expires_at,
                 waitlist_length: seen.waitlist_length,
-            })));
+            })))
+        };
+        match hold_decision(Some(seen.target), seen.decided) {
+            HoldDecision::NotFound => return Ok(Keyed::NotFound),
+            HoldDecision::Unavailable {
+                status,
+                hold_expires_at,
+            } => return unavailable(status, hold_expires_at),
+            // A lapsed hold that buyers wait for is theirs next.
+            HoldDecision::Reclaim if seen.waitlist_length > 0 => {
+                return unavailable(AssetStatus::Held, None)
+            }
+            HoldDecision::SaleNotOpen { .. } | HoldDecision::Claim | HoldDecision::Reclaim => {}
         }
         let offered = Reservation {
             metadata: req.metadata.clone(),
@@ -52,20 +71,21 @@ pub(crate) async fn offer(store: &Store, req: &OfferRequest) -> StoreResult<Keye
                 req.expires_at,
             )
         };
-        if let Some(offered) = make(store, req, offered).await? {
+        if let Some(offered) = make(store, req, offered, seen.decided).await? {
             return Ok(Keyed::Done(OfferOutcome::Created(Box::new(offered))));
         }
     }
     Err(contention("make the offer"))
 }
 
-/// Writes the offer while the asset is AVAILABLE (a lapsed hold nobody
-/// swept yet is expired first); `None` when it was taken meanwhile or the
-/// key was used concurrently.
+/// Writes the offer while the asset is AVAILABLE and was free at `decided`
+/// (a lapsed hold nobody swept yet is expired first); `None` when it was
+/// taken or freed meanwhile, or the key was used concurrently.
 async fn make(
     store: &Store,
     req: &OfferRequest,
     offered: Reservation,
+    decided: Timestamp,
 ) -> StoreResult<Option<Reservation>> {
     let (store_, req) = (store.clone(), req.clone());
     store
@@ -74,7 +94,7 @@ async fn make(
             let now = offered.created_at;
             let asset = offered.asset_id.clone();
             expire_lapsed(conn, Lapsed::Of(&asset), now, store_.policy()).await?;
-            if !give(conn, &mut offered, now).await? {
+            if !give(conn, &mut offered, now, Some(decided)).await? {
                 return Err(Abort::Retry);
             }
             let answer = store_.render(Answer::Held(&offered));

@@ -181,7 +181,8 @@ pub(crate) async fn join(store: &Store, req: &JoinRequest) -> StoreResult<Keyed<
     let max = store.policy().waitlist_max;
     for _ in 0..MAX_ATTEMPTS {
         let context = "read the waiting list";
-        let snap = asset_snapshot(store, context, req.asset_id.as_str(), &req.idempotency).await?;
+        let asset = req.asset_id.as_str();
+        let snap = asset_snapshot(store, context, asset, &req.idempotency, req.arrived).await?;
         if let Some(stored) = snap.stored {
             return Ok(answered(stored, &req.idempotency));
         }
@@ -198,7 +199,19 @@ pub(crate) async fn join(store: &Store, req: &JoinRequest) -> StoreResult<Keyed<
         } else if seen.status != AssetStatus::Held {
             return Ok(Keyed::Done(JoinOutcome::NotOpen(seen.status)));
         } else {
-            keep_entry(store, req, seen.waitlist_length < max, snap.now).await?
+            match seen.holding {
+                // The hold began after the request arrived: as the asset
+                // stood then, it had no hold to queue for (a later attempt
+                // of the same request may have been refused on that).
+                Some((_, since)) if since > seen.decided => {
+                    return Ok(Keyed::Done(JoinOutcome::NotOpen(AssetStatus::Available)));
+                }
+                holding => {
+                    let room = seen.waitlist_length < max;
+                    let holding = holding.map(|(id, _)| id);
+                    keep_entry(store, req, room, snap.now, holding).await?
+                }
+            }
         };
         match written {
             Some(Ok(outcome)) => return Ok(Keyed::Done(outcome)),
@@ -215,12 +228,14 @@ pub(crate) async fn join(store: &Store, req: &JoinRequest) -> StoreResult<Keyed<
 struct Full;
 
 /// The buyer's entry: the one it has (200), or a new one at the end of the
-/// queue when there is room (201); either way kept under the request's key.
+/// queue when there is room (201) and the asset still has the hold `holding`
+/// the read saw; either way kept under the request's key.
 async fn keep_entry(
     store: &Store,
     req: &JoinRequest,
     room: bool,
     now: Timestamp,
+    holding: Option<String>,
 ) -> StoreResult<Option<Result<JoinOutcome, Full>>> {
     let (store_, req) = (store.clone(), req.clone());
     store
@@ -252,8 +267,13 @@ async fn keep_entry(
                 .push(" AND status = 'HELD' AND (hold_expires_at > ")
                 .bind(Bind::At(now))
                 .push(" OR waitlist_length > 0) AND waitlist_length < ")
-                .bind(Bind::BigInt(store_.policy().waitlist_max))
-                .push(" RETURNING waitlist_seq, waitlist_length");
+                .bind(Bind::BigInt(store_.policy().waitlist_max));
+            if let Some(holding) = holding {
+                longer
+                    .push(" AND current_reservation_id = ")
+                    .bind(Bind::Text(holding));
+            }
+            longer.push(" RETURNING waitlist_seq, waitlist_length");
             let Some(place) = conn
                 .load_sql::<Place>(&longer)
                 .await
@@ -403,7 +423,7 @@ async fn hold_for(
         via: Some(Via::Waitlist),
         ..Reservation::held(&asset, &head.buyer_id, &head.client, now, until)
     };
-    match give(conn, &mut held, now).await? {
+    match give(conn, &mut held, now, None).await? {
         true => Ok(held),
         false => Err(StoreError::Corrupt(format!(
             "asset {asset} was not free to hand over"
