@@ -585,6 +585,70 @@ async fn a_join_is_decided_on_the_hold_as_it_stood_at_its_arrival_on_postgres() 
     assert_eq!(status, 201, "{joined}");
 }
 
+/// A buyer queues only where the queue had room at the request's arrival:
+/// the first attempt of a join waits for a connection, its retry on the
+/// other instance is refused (`WAITLIST_FULL`, a queue of one), the waiter
+/// then leaves, and the first attempt is refused too instead of queueing
+/// under a key whose last answer was the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_is_decided_on_the_queue_as_it_stood_at_its_arrival_on_postgres() {
+    let queue_of_one = |config: &mut holdfast::Config| {
+        one_connection(config);
+        config.waitlist_max = 1;
+    };
+    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, queue_of_one).await else {
+        return;
+    };
+    let instances = app.instances();
+    let (first, other) = (instances[0], instances[instances.len() - 1]);
+    assert_ne!(first, other, "two instances");
+    app.create_asset("I-21").await;
+    app.hold("I-21", "x", 60).await;
+    let join = |address: &str, buyer: &str, key: &str| {
+        let path = "/v1/assets/I-21/waitlist";
+        let body = json!({ "buyer_id": buyer });
+        send_to(&app, reqwest::Method::POST, address, path, key, body)
+    };
+    let (status, waiting) = join(other, "waiter", "join-waiter").await;
+    assert_eq!(status, 201, "{waiting}");
+    let (blocker, stuck) = keep_the_connection(&app, first, "I-22").await;
+    let attempt = tokio::spawn(join(first, "queued", "full-join"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!attempt.is_finished(), "the first attempt waits");
+    let (status, refused) = join(other, "queued", "full-join").await;
+    assert_eq!(
+        (status, refused["error_code"].as_str()),
+        (409, Some("WAITLIST_FULL")),
+        "{refused}"
+    );
+    let path = "/v1/assets/I-21/waitlist/waiter";
+    let leave = send_to(
+        &app,
+        reqwest::Method::DELETE,
+        other,
+        path,
+        "leave",
+        Value::Null,
+    );
+    assert_eq!(leave.await.0, 204);
+    blocker.release().await;
+    assert_eq!(stuck.await.expect("joined").0, 200);
+    let (status, late) = attempt.await.expect("joined");
+    assert_eq!(
+        (status, late["error_code"].as_str()),
+        (409, Some("WAITLIST_FULL")),
+        "{late}"
+    );
+    let queued = "SELECT count(*) FROM waitlist WHERE asset_id = 'I-21'";
+    assert_eq!(
+        app.count(queued).await,
+        0,
+        "nobody queued under the refused key"
+    );
+    let (status, joined) = join(other, "queued", "full-join").await;
+    assert_eq!(status, 201, "{joined}");
+}
+
 /// The arrival is placed on the database's clock by the hold's first read,
 /// not read from the instance's wall clock: with that clock an hour behind
 /// (PostgreSQL's right), an asset released a moment ago and one whose hold

@@ -21,6 +21,8 @@ pub(crate) struct AssetSeen {
     /// for it (then it is theirs next, and reads HELD).
     pub status: AssetStatus,
     pub waitlist_length: i64,
+    /// When a waiter last left its waiting list full.
+    pub waitlist_full_at: Option<Timestamp>,
     /// The live hold's client and buyer.
     pub holder: Option<(String, String)>,
     /// The asset as stored, for a decision at the request's arrival
@@ -46,6 +48,8 @@ struct AssetSeenRow {
     available_since: Option<Timestamp>,
     #[diesel(sql_type = Nullable<diesel::sql_types::Integer>)]
     waitlist_length: Option<i32>,
+    #[diesel(sql_type = Nullable<Instant>)]
+    waitlist_full_at: Option<Timestamp>,
     #[diesel(sql_type = Nullable<Text>)]
     current_reservation_id: Option<String>,
     #[diesel(sql_type = Nullable<Instant>)]
@@ -74,7 +78,7 @@ pub(crate) async fn asset_snapshot(
             let mut read = Sql::new("SELECT ");
             read.bind(Bind::At(now)).push(
                 " AS now, a.status, a.hold_expires_at, a.available_since, a.waitlist_length, \
-                   a.current_reservation_id, h.created_at AS held_since, \
+                   a.waitlist_full_at, a.current_reservation_id, h.created_at AS held_since, \
                    h.client AS holder_client, h.buyer_id AS holder_buyer, \
                    i.fingerprint, i.status_code, i.body, i.location \
                  FROM (SELECT 1) AS one LEFT JOIN assets a ON a.id = ",
@@ -118,6 +122,7 @@ pub(crate) async fn asset_snapshot(
                     Some(AssetSeen {
                         status,
                         waitlist_length,
+                        waitlist_full_at: row.waitlist_full_at,
                         holder,
                         target: HoldTarget {
                             status: stored,

@@ -143,6 +143,7 @@ pub(crate) async fn leave(
     buyer: &BuyerId,
 ) -> StoreResult<LeaveOutcome> {
     let (asset, client, buyer) = (asset.to_owned(), client.to_owned(), buyer.to_string());
+    let max = store.policy().waitlist_max;
     let left = store
         .write("leave the waiting list", async move |conn| {
             let mut delete = Sql::new("DELETE FROM waitlist WHERE asset_id = ");
@@ -164,9 +165,19 @@ pub(crate) async fn leave(
                     None => LeaveOutcome::NoAsset,
                 });
             }
-            let mut shorter =
-                Sql::new("UPDATE assets SET waitlist_length = waitlist_length - 1 WHERE id = ");
-            shorter.bind(Bind::Text(asset));
+            // Leaving a full queue is stamped: a join that arrived before
+            // it may have been refused as full by a later attempt.
+            let now = conn.now_after_locks().await?;
+            let mut shorter = Sql::new(
+                "UPDATE assets SET waitlist_length = waitlist_length - 1, \
+                 waitlist_full_at = CASE WHEN waitlist_length >= ",
+            );
+            shorter
+                .bind(Bind::BigInt(max))
+                .push(" THEN ")
+                .bind(Bind::At(now))
+                .push(" ELSE waitlist_full_at END WHERE id = ")
+                .bind(Bind::Text(asset));
             conn.execute_sql(&shorter)
                 .await
                 .context("leave the waiting list")?;
@@ -207,9 +218,15 @@ pub(crate) async fn join(store: &Store, req: &JoinRequest) -> StoreResult<Keyed<
                     return Ok(Keyed::Done(JoinOutcome::NotOpen(AssetStatus::Available)));
                 }
                 holding => {
-                    let room = seen.waitlist_length < max;
-                    let holding = holding.map(|(id, _)| id);
-                    keep_entry(store, req, room, snap.now, holding).await?
+                    // Room now, and none lost since the arrival: a queue
+                    // left by a waiter while full may have been full then.
+                    let room = seen.waitlist_length < max
+                        && seen.waitlist_full_at.is_none_or(|at| at <= seen.decided);
+                    let since = Since {
+                        holding: holding.map(|(id, _)| id),
+                        decided: seen.decided,
+                    };
+                    keep_entry(store, req, room, snap.now, since).await?
                 }
             }
         };
@@ -227,15 +244,22 @@ pub(crate) async fn join(store: &Store, req: &JoinRequest) -> StoreResult<Keyed<
 /// The queue is full.
 struct Full;
 
+/// What a join's write checks is unchanged since its read: the asset's
+/// hold, and that no waiter left the queue full after the arrival.
+struct Since {
+    holding: Option<String>,
+    decided: Timestamp,
+}
+
 /// The buyer's entry: the one it has (200), or a new one at the end of the
-/// queue when there is room (201) and the asset still has the hold `holding`
-/// the read saw; either way kept under the request's key.
+/// queue when there is room (201) and nothing in `since` moved; either way
+/// kept under the request's key.
 async fn keep_entry(
     store: &Store,
     req: &JoinRequest,
     room: bool,
     now: Timestamp,
-    holding: Option<String>,
+    since: Since,
 ) -> StoreResult<Option<Result<JoinOutcome, Full>>> {
     let (store_, req) = (store.clone(), req.clone());
     store
@@ -268,7 +292,11 @@ async fn keep_entry(
                 .bind(Bind::At(now))
                 .push(" OR waitlist_length > 0) AND waitlist_length < ")
                 .bind(Bind::BigInt(store_.policy().waitlist_max));
-            if let Some(holding) = holding {
+            longer
+                .push(" AND (waitlist_full_at IS NULL OR waitlist_full_at <= ")
+                .bind(Bind::At(since.decided))
+                .push(")");
+            if let Some(holding) = since.holding {
                 longer
                     .push(" AND current_reservation_id = ")
                     .bind(Bind::Text(holding));

@@ -1,0 +1,1 @@
+ALTER TABLE assets DROP COLUMN waitlist_full_at;

@@ -1,0 +1,13 @@
+-- When a waiter last left a full waiting list (NULL: never): a join is
+-- decided on the queue as it stood when the request arrived.
+--
+-- A client whose join was refused as WAITLIST_FULL by a later attempt, on
+-- another instance, must not be queued by an earlier attempt that reads only
+-- after a waiter left: the queue had no room at that later attempt's read,
+-- so it may have had none at the earlier one's arrival either. A queue
+-- grows only by joins and shrinks by a waiter leaving or by a hand-over
+-- (which starts a new hold, and a join queues only for a hold that began
+-- before its arrival): once full after the arrival, it got room again only
+-- by a waiter leaving it full, which this records. A join that arrived
+-- before that moment is refused as the queue was full.
+ALTER TABLE assets ADD COLUMN waitlist_full_at timestamptz;
