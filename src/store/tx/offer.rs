@@ -33,8 +33,11 @@ pub(crate) async fn offer(store: &Store, req: &OfferRequest) -> StoreResult<Keye
         let Some(seen) = snap.row else {
             return Ok(Keyed::NotFound);
         };
+        // The latest expiry from the arrival: a later attempt judged it
+        // from its own, before this read (the earliest from this read is
+        // the stricter, and a later attempt's was earlier still).
         let earliest = snap.now + chrono::Duration::seconds(policy.offer_min_seconds);
-        let latest = snap.now + chrono::Duration::seconds(policy.offer_max_seconds);
+        let latest = seen.decided + chrono::Duration::seconds(policy.offer_max_seconds);
         if req.expires_at < earliest || req.expires_at > latest {
             return Ok(Keyed::Done(OfferOutcome::OutOfRange { earliest, latest }));
         }

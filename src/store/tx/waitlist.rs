@@ -146,6 +146,9 @@ pub(crate) async fn leave(
     let max = store.policy().waitlist_max;
     let left = store
         .write("leave the waiting list", async move |conn| {
+            // The asset first, as every change of it: the stamp below is
+            // then taken once no other change of its queue can move.
+            conn.lock_asset(&asset).await?;
             let mut delete = Sql::new("DELETE FROM waitlist WHERE asset_id = ");
             delete
                 .bind(Bind::Text(asset.clone()))
@@ -226,7 +229,7 @@ pub(crate) async fn join(store: &Store, req: &JoinRequest) -> StoreResult<Keyed<
                         holding: holding.map(|(id, _)| id),
                         decided: seen.decided,
                     };
-                    keep_entry(store, req, room, snap.now, since).await?
+                    keep_entry(store, req, room, since).await?
                 }
             }
         };
@@ -252,18 +255,20 @@ struct Since {
 }
 
 /// The buyer's entry: the one it has (200), or a new one at the end of the
-/// queue when there is room (201) and nothing in `since` moved; either way
-/// kept under the request's key.
+/// queue when there is room (201), the hold still live at the write's clock
+/// and nothing in `since` moved; either way kept under the request's key.
 async fn keep_entry(
     store: &Store,
     req: &JoinRequest,
     room: bool,
-    now: Timestamp,
     since: Since,
 ) -> StoreResult<Option<Result<JoinOutcome, Full>>> {
     let (store_, req) = (store.clone(), req.clone());
     store
         .write("join the waiting list", async move |conn| {
+            // The write's own clock, not the read's: the write may have
+            // waited for its connection past the hold's lapse.
+            let now = conn.now_after_locks().await?;
             let asset = req.asset_id.as_str();
             let mine = entry_of(conn, asset, &req.client, req.buyer_id.as_str()).await?;
             if let Some(entry) = mine {
