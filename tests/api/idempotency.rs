@@ -275,6 +275,42 @@ async fn keep_the_connection(
     (blocker, stuck)
 }
 
+/// A request's first attempt, sent to the instance whose one connection
+/// [`keep_the_connection`] keeps busy: it waits there for that connection.
+struct Delayed {
+    blocker: crate::helpers::Blocker,
+    stuck: tokio::task::JoinHandle<(u16, Value)>,
+    attempt: tokio::task::JoinHandle<(u16, Value)>,
+}
+
+/// Sends `request` to `first` while its connection is kept busy (on asset
+/// `busy`), and checks that it waits.
+async fn delay(
+    app: &TestApp,
+    first: &str,
+    busy: &str,
+    request: impl std::future::Future<Output = (u16, Value)> + Send + 'static,
+) -> Delayed {
+    let (blocker, stuck) = keep_the_connection(app, first, busy).await;
+    let attempt = tokio::spawn(request);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!attempt.is_finished(), "the first attempt waits");
+    Delayed {
+        blocker,
+        stuck,
+        attempt,
+    }
+}
+
+impl Delayed {
+    /// Frees the connection: the first attempt's answer.
+    async fn answer(self) -> (u16, Value) {
+        self.blocker.release().await;
+        assert_eq!(self.stuck.await.expect("joined").0, 200);
+        self.attempt.await.expect("joined")
+    }
+}
+
 /// A hold is decided on the asset as it stood when the request arrived.
 /// Its client gave up on a first attempt, still waiting for a connection on
 /// one instance, and sent it again to another, which refused it: another
@@ -304,10 +340,7 @@ async fn a_hold_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres()
             body,
         )
     };
-    let (blocker, stuck) = keep_the_connection(&app, first, "I-10").await;
-    let attempt = tokio::spawn(hold(first));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!attempt.is_finished(), "the first attempt waits");
+    let attempt = delay(&app, first, "I-10", hold(first)).await;
     let (status, refused) = hold(other).await;
     assert_eq!(
         (status, refused["error_code"].as_str()),
@@ -327,9 +360,7 @@ async fn a_hold_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres()
     );
     let (status, released) = release.await;
     assert_eq!(status, 200, "{released}");
-    blocker.release().await;
-    assert_eq!(stuck.await.expect("joined").0, 200);
-    let (status, late) = attempt.await.expect("joined");
+    let (status, late) = attempt.answer().await;
     assert_eq!(
         (status, late["error_code"].as_str()),
         (409, Some("ASSET_UNAVAILABLE")),
@@ -380,9 +411,7 @@ async fn a_hold_that_arrived_before_the_opening_refuses_after_it_is_removed_on_p
             body,
         )
     };
-    let (blocker, stuck) = keep_the_connection(&app, first, "I-16").await;
-    let attempt = tokio::spawn(hold(first));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let attempt = delay(&app, first, "I-16", hold(first)).await;
     let (status, refused) = hold(other).await;
     assert_eq!(
         (status, refused["error_code"].as_str()),
@@ -402,9 +431,7 @@ async fn a_hold_that_arrived_before_the_opening_refuses_after_it_is_removed_on_p
     );
     let (status, patched) = patch.await;
     assert_eq!(status, 200, "{patched}");
-    blocker.release().await;
-    assert_eq!(stuck.await.expect("joined").0, 200);
-    let (status, late) = attempt.await.expect("joined");
+    let (status, late) = attempt.answer().await;
     assert_eq!(status, 409, "{late}");
     let kept = "SELECT count(*) FROM reservations WHERE asset_id = 'I-15'";
     assert_eq!(
@@ -475,10 +502,7 @@ async fn an_offer_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres
             body,
         )
     };
-    let (blocker, stuck) = keep_the_connection(&app, first, "I-18").await;
-    let attempt = tokio::spawn(offer(first));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!attempt.is_finished(), "the first attempt waits");
+    let attempt = delay(&app, first, "I-18", offer(first)).await;
     let (status, refused) = offer(other).await;
     assert_eq!(
         (status, refused["error_code"].as_str()),
@@ -499,9 +523,7 @@ async fn an_offer_is_decided_on_the_asset_as_it_stood_at_its_arrival_on_postgres
     );
     let (status, released) = release.await;
     assert_eq!(status, 200, "{released}");
-    blocker.release().await;
-    assert_eq!(stuck.await.expect("joined").0, 200);
-    let (status, late) = attempt.await.expect("joined");
+    let (status, late) = attempt.answer().await;
     assert_eq!(
         (
             status,
@@ -548,10 +570,7 @@ async fn a_join_is_decided_on_the_hold_as_it_stood_at_its_arrival_on_postgres() 
             body,
         )
     };
-    let (blocker, stuck) = keep_the_connection(&app, first, "I-20").await;
-    let attempt = tokio::spawn(join(first));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!attempt.is_finished(), "the first attempt waits");
+    let attempt = delay(&app, first, "I-20", join(first)).await;
     let (status, refused) = join(other).await;
     assert_eq!(
         (
@@ -567,9 +586,7 @@ async fn a_join_is_decided_on_the_hold_as_it_stood_at_its_arrival_on_postgres() 
     let hold = send_to(&app, reqwest::Method::POST, other, path, "hold-I-19", body);
     let (status, held) = hold.await;
     assert_eq!(status, 201, "{held}");
-    blocker.release().await;
-    assert_eq!(stuck.await.expect("joined").0, 200);
-    let (status, late) = attempt.await.expect("joined");
+    let (status, late) = attempt.answer().await;
     assert_eq!(
         (status, late["error_code"].as_str()),
         (409, Some("WAITLIST_NOT_OPEN")),
@@ -611,10 +628,7 @@ async fn a_join_is_decided_on_the_queue_as_it_stood_at_its_arrival_on_postgres()
     };
     let (status, waiting) = join(other, "waiter", "join-waiter").await;
     assert_eq!(status, 201, "{waiting}");
-    let (blocker, stuck) = keep_the_connection(&app, first, "I-22").await;
-    let attempt = tokio::spawn(join(first, "queued", "full-join"));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!attempt.is_finished(), "the first attempt waits");
+    let attempt = delay(&app, first, "I-22", join(first, "queued", "full-join")).await;
     let (status, refused) = join(other, "queued", "full-join").await;
     assert_eq!(
         (status, refused["error_code"].as_str()),
@@ -631,9 +645,7 @@ async fn a_join_is_decided_on_the_queue_as_it_stood_at_its_arrival_on_postgres()
         Value::Null,
     );
     assert_eq!(leave.await.0, 204);
-    blocker.release().await;
-    assert_eq!(stuck.await.expect("joined").0, 200);
-    let (status, late) = attempt.await.expect("joined");
+    let (status, late) = attempt.answer().await;
     assert_eq!(
         (status, late["error_code"].as_str()),
         (409, Some("WAITLIST_FULL")),
