@@ -661,6 +661,65 @@ async fn a_join_is_decided_on_the_queue_as_it_stood_at_its_arrival_on_postgres()
     assert_eq!(status, 201, "{joined}");
 }
 
+/// A hand-over counts out the waiter it serves, as a leave does: with a
+/// queue of one, a release that began before a join arrived waits for the
+/// asset's lock, then hands the asset to its waiter, which empties the
+/// queue. The join, which reads only after that and finds the waiter's hold
+/// begun before its arrival, is refused as the full queue it arrived at
+/// instead of queueing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_is_decided_on_the_queue_as_it_stood_before_a_hand_over_on_postgres() {
+    let queue_of_one = |config: &mut holdfast::Config| {
+        one_connection(config);
+        config.waitlist_max = 1;
+    };
+    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, queue_of_one).await else {
+        return;
+    };
+    let instances = app.instances();
+    let (first, other) = (instances[0], instances[instances.len() - 1]);
+    assert_ne!(first, other, "two instances");
+    app.create_asset("I-25").await;
+    let held = app.hold("I-25", "x", 60).await["reservation_id"].clone();
+    let join = |address: &str, buyer: &str, key: &str| {
+        let path = "/v1/assets/I-25/waitlist";
+        let body = json!({ "buyer_id": buyer });
+        send_to(&app, reqwest::Method::POST, address, path, key, body)
+    };
+    let (status, waiting) = join(other, "waiter", "join-waiter").await;
+    assert_eq!(status, 201, "{waiting}");
+    let (blocker, stuck) = keep_the_connection(&app, first, "I-26").await;
+    let lock = app.lock_asset("I-25").await;
+    let path = format!("/v1/reservations/{}/release", held.as_str().expect("an id"));
+    let release = tokio::spawn(send_to(
+        &app,
+        reqwest::Method::POST,
+        other,
+        &path,
+        "release-I-25",
+        json!({}),
+    ));
+    app.lock_waiters(2).await;
+    let attempt = tokio::spawn(join(first, "queued", "join-before-hand-over"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!attempt.is_finished(), "the join waits");
+    lock.release().await;
+    assert_eq!(release.await.expect("joined").0, 200);
+    let handed = "SELECT count(*) FROM reservations \
+                  WHERE asset_id = 'I-25' AND buyer_id = 'waiter' AND status = 'HELD'";
+    assert_eq!(app.count(handed).await, 1, "the waiter holds the asset");
+    blocker.release().await;
+    assert_eq!(stuck.await.expect("joined").0, 200);
+    let (status, late) = attempt.await.expect("joined");
+    assert_eq!(
+        (status, late["error_code"].as_str()),
+        (409, Some("WAITLIST_FULL")),
+        "{late}"
+    );
+    let queued = "SELECT count(*) FROM waitlist WHERE asset_id = 'I-25'";
+    assert_eq!(app.count(queued).await, 0, "nobody queued");
+}
+
 /// The arrival is placed on the database's clock by the hold's first read,
 /// not read from the instance's wall clock: with that clock an hour behind
 /// (PostgreSQL's right), an asset released a moment ago and one whose hold

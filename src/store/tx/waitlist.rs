@@ -146,8 +146,8 @@ pub(crate) async fn leave(
     let max = store.policy().waitlist_max;
     let left = store
         .write("leave the waiting list", async move |conn| {
-            // The asset first, as every change of it: the stamp below is
-            // then taken once no other change of its queue can move.
+            // The asset first, as every change of it: `shorten` then takes
+            // its stamp once no other change of the queue can move.
             conn.lock_asset(&asset).await?;
             let mut delete = Sql::new("DELETE FROM waitlist WHERE asset_id = ");
             delete
@@ -168,26 +168,35 @@ pub(crate) async fn leave(
                     None => LeaveOutcome::NoAsset,
                 });
             }
-            // Leaving a full queue is stamped: a join that arrived before
-            // it may have been refused as full by a later attempt.
-            let now = conn.now_after_locks().await?;
-            let mut shorter = Sql::new(
-                "UPDATE assets SET waitlist_length = waitlist_length - 1, \
-                 waitlist_full_at = CASE WHEN waitlist_length >= ",
-            );
-            shorter
-                .bind(Bind::BigInt(max))
-                .push(" THEN ")
-                .bind(Bind::At(now))
-                .push(" ELSE waitlist_full_at END WHERE id = ")
-                .bind(Bind::Text(asset));
-            conn.execute_sql(&shorter)
-                .await
-                .context("leave the waiting list")?;
+            shorten(conn, &asset, max).await?;
             Ok(LeaveOutcome::Left)
         })
         .await?;
     left.ok_or_else(|| contention("leave the waiting list"))
+}
+
+/// Counts out one waiter of `asset`, whose row this transaction has locked
+/// (a leave, or the head of the queue handed the asset). Leaving a full
+/// queue is stamped (`waitlist_full_at`): a join that arrived before it may
+/// have been refused as full by a later attempt, and is refused again. The
+/// stamp is taken once no other change of the queue can move before this
+/// one commits.
+async fn shorten(conn: &mut Conn<'_>, asset: &str, max: i64) -> StoreResult<()> {
+    let now = conn.now_after_locks().await?;
+    let mut shorter = Sql::new(
+        "UPDATE assets SET waitlist_length = waitlist_length - 1, \
+         waitlist_full_at = CASE WHEN waitlist_length >= ",
+    );
+    shorter
+        .bind(Bind::BigInt(max))
+        .push(" THEN ")
+        .bind(Bind::At(now))
+        .push(" ELSE waitlist_full_at END WHERE id = ")
+        .bind(Bind::Text(asset.to_owned()));
+    conn.execute_sql(&shorter)
+        .await
+        .context("count out a waiter")?;
+    Ok(())
 }
 
 /// Queues a buyer of `client` for an asset held by someone else.
@@ -411,12 +420,7 @@ pub(crate) async fn hand_off(
         conn.execute_sql(&leave)
             .await
             .context("hand the asset over")?;
-        let mut shorter =
-            Sql::new("UPDATE assets SET waitlist_length = waitlist_length - 1 WHERE id = ");
-        shorter.bind(Bind::Text(asset.to_owned()));
-        conn.execute_sql(&shorter)
-            .await
-            .context("hand the asset over")?;
+        shorten(conn, asset, policy.waitlist_max).await?;
         if at_limit(conn, &head.client, &head.buyer_id, now, policy).await? {
             let data = WaitlistSkipped {
                 asset_id: asset.to_owned(),
