@@ -33,6 +33,11 @@ pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite"
 
 type Conn = PooledConnection<ConnectionManager<SqliteConnection>>;
 
+/// Each reader's page cache, in KiB (see [`Pragmas`]).
+const READER_CACHE_KIB: i64 = 256;
+/// The writer's page cache, in KiB: SQLite's default.
+const WRITER_CACHE_KIB: i64 = 2000;
+
 /// The clock of the embedded database: this process's, to the microsecond.
 pub(crate) fn clock() -> Timestamp {
     Utc::now().trunc_subsecs(6)
@@ -47,6 +52,14 @@ struct Pragmas {
     /// in memory (group commit), where a file would cost a system call for
     /// every page a write first changes.
     temp_store: &'static str,
+    /// `cache_size`, in KiB. Each connection keeps a page cache of its own,
+    /// which fills to its size over a long run: with SQLite's default of
+    /// 2 MiB, sixteen readers grew the server by 27 MiB over five minutes of
+    /// holds. A reader's cache serves little under writes anyway (a reader
+    /// resets it when another connection has committed since its last read),
+    /// so readers keep 256 KiB (bench/README.md, "Memory"); the writer keeps
+    /// SQLite's default.
+    cache_kib: i64,
 }
 
 impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for Pragmas {
@@ -54,10 +67,11 @@ impl CustomizeConnection<SqliteConnection, diesel::r2d2::Error> for Pragmas {
         conn.set_instrumentation(super::outcome::statement_counter());
         conn.batch_execute(&format!(
             "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = {}; \
-             PRAGMA foreign_keys = ON; PRAGMA temp_store = {};",
+             PRAGMA foreign_keys = ON; PRAGMA temp_store = {}; PRAGMA cache_size = -{};",
             self.busy_timeout.as_millis(),
             self.synchronous,
-            self.temp_store
+            self.temp_store,
+            self.cache_kib
         ))
         .map_err(diesel::r2d2::Error::QueryError)
     }
@@ -82,7 +96,7 @@ impl SqliteStore {
             std::fs::create_dir_all(dir)
                 .map_err(|e| StoreError::Config(format!("cannot create {}: {e}", dir.display())))?;
         }
-        let pool = |size: usize, temp_store: &'static str| {
+        let pool = |size: usize, temp_store: &'static str, cache_kib: i64| {
             let pool = Pool::builder()
                 .max_size(u32::try_from(size).unwrap_or(u32::MAX))
                 .min_idle(Some(1))
@@ -91,6 +105,7 @@ impl SqliteStore {
                     busy_timeout: settings.lock_timeout,
                     synchronous: settings.sqlite_synchronous.as_pragma(),
                     temp_store,
+                    cache_kib,
                 }))
                 .build(ConnectionManager::<SqliteConnection>::new(
                     path.display().to_string(),
@@ -104,8 +119,8 @@ impl SqliteStore {
             })
         };
         // The writer opens first, so WAL is on before readers arrive.
-        let writer = pool(1, "MEMORY")?;
-        let readers = pool(settings.pool_size, "DEFAULT")?;
+        let writer = pool(1, "MEMORY", WRITER_CACHE_KIB)?;
+        let readers = pool(settings.pool_size, "DEFAULT", READER_CACHE_KIB)?;
         let commits = Committer::start(writer.pool.clone(), settings.acquire_timeout)?;
         Ok(Self {
             readers,
@@ -122,6 +137,26 @@ impl SqliteStore {
             self.path.display(),
             self.synchronous.as_pragma()
         )
+    }
+
+    /// The page cache of a reader and of the writer, in KiB, as the
+    /// connections have them (`PRAGMA cache_size`).
+    pub async fn page_caches(&self) -> StoreResult<(i64, i64)> {
+        #[derive(QueryableByName)]
+        struct CacheSize {
+            #[diesel(sql_type = BigInt)]
+            cache_size: i64,
+        }
+        let read = |c: &mut SqliteConnection| {
+            sql_query("PRAGMA cache_size")
+                .get_result::<CacheSize>(c)
+                // Negative: a size in KiB rather than in pages.
+                .map(|s| -s.cache_size)
+                .context("read a setting")
+        };
+        let reader = run(&self.readers, "read a setting", read).await?;
+        let writer = run(&self.writer, "read a setting", read).await?;
+        Ok((reader, writer))
     }
 
     /// `PRAGMA synchronous` as the writer connection has it: 2 is FULL, 1 NORMAL.

@@ -230,6 +230,21 @@ async fn history_survives_the_one_fate_migration_on_sqlite() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// SQLite's readers keep small page caches, so that a pool of them does not
+/// grow the server as their caches fill over a long run; the writer keeps
+/// SQLite's default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_readers_keep_small_page_caches() {
+    let dir = std::env::temp_dir().join(format!("holdfast-cache-{}", ulid::Ulid::new()));
+    let url = format!("sqlite://{}", dir.join("c.db").display());
+    let store = Config::with_database(url).open_store().await.unwrap();
+    let Some(sqlite) = store.sqlite() else {
+        panic!("an SQLite store")
+    };
+    assert_eq!(sqlite.page_caches().await.unwrap(), (256, 2000));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// SQLite syncs every commit to disk by default (an answered write survives
 /// power loss); NORMAL only when asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
