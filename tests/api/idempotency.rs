@@ -602,6 +602,45 @@ async fn a_join_is_decided_on_the_hold_as_it_stood_at_its_arrival_on_postgres() 
     assert_eq!(status, 201, "{joined}");
 }
 
+/// Two instances of one connection each, with a waiting list of one:
+/// `asset` held by buyer `x` and its queue full with buyer `waiter`. The
+/// app, the first instance and the other one, and the hold's id.
+async fn a_full_queue(asset: &str) -> Option<(TestApp, String, String, String)> {
+    let queue_of_one = |config: &mut holdfast::Config| {
+        one_connection(config);
+        config.waitlist_max = 1;
+    };
+    let app = TestApp::try_spawn_twins(Backend::Postgres, queue_of_one).await?;
+    let instances = app.instances();
+    let (first, other) = (
+        instances[0].to_owned(),
+        instances[instances.len() - 1].to_owned(),
+    );
+    assert_ne!(first, other, "two instances");
+    app.create_asset(asset).await;
+    let held = app.hold(asset, "x", 60).await["reservation_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let (status, waiting) = join_queue(&app, &other, asset, "waiter", "join-waiter").await;
+    assert_eq!(status, 201, "{waiting}");
+    Some((app, first, other, held))
+}
+
+/// A join of `asset`'s waiting list by `buyer` under `key`, sent to the
+/// instance at `address`. Built at once, so that it can be spawned.
+fn join_queue(
+    app: &TestApp,
+    address: &str,
+    asset: &str,
+    buyer: &str,
+    key: &str,
+) -> impl std::future::Future<Output = (u16, Value)> + Send + 'static {
+    let path = format!("/v1/assets/{asset}/waitlist");
+    let body = json!({ "buyer_id": buyer });
+    send_to(app, reqwest::Method::POST, address, &path, key, body)
+}
+
 /// A buyer queues only where the queue had room at the request's arrival:
 /// the first attempt of a join waits for a connection, its retry on the
 /// other instance is refused (`WAITLIST_FULL`, a queue of one), the waiter
@@ -609,25 +648,12 @@ async fn a_join_is_decided_on_the_hold_as_it_stood_at_its_arrival_on_postgres() 
 /// under a key whose last answer was the refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_is_decided_on_the_queue_as_it_stood_at_its_arrival_on_postgres() {
-    let queue_of_one = |config: &mut holdfast::Config| {
-        one_connection(config);
-        config.waitlist_max = 1;
-    };
-    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, queue_of_one).await else {
+    let Some((app, first, other, _)) = a_full_queue("I-21").await else {
         return;
     };
-    let instances = app.instances();
-    let (first, other) = (instances[0], instances[instances.len() - 1]);
-    assert_ne!(first, other, "two instances");
-    app.create_asset("I-21").await;
-    app.hold("I-21", "x", 60).await;
-    let join = |address: &str, buyer: &str, key: &str| {
-        let path = "/v1/assets/I-21/waitlist";
-        let body = json!({ "buyer_id": buyer });
-        send_to(&app, reqwest::Method::POST, address, path, key, body)
-    };
-    let (status, waiting) = join(other, "waiter", "join-waiter").await;
-    assert_eq!(status, 201, "{waiting}");
+    let (first, other) = (first.as_str(), other.as_str());
+    let join =
+        |address: &str, buyer: &str, key: &str| join_queue(&app, address, "I-21", buyer, key);
     let attempt = delay(&app, first, "I-22", join(first, "queued", "full-join")).await;
     let (status, refused) = join(other, "queued", "full-join").await;
     assert_eq!(
@@ -669,38 +695,23 @@ async fn a_join_is_decided_on_the_queue_as_it_stood_at_its_arrival_on_postgres()
 /// instead of queueing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_is_decided_on_the_queue_as_it_stood_before_a_hand_over_on_postgres() {
-    let queue_of_one = |config: &mut holdfast::Config| {
-        one_connection(config);
-        config.waitlist_max = 1;
-    };
-    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, queue_of_one).await else {
+    let Some((app, first, other, held)) = a_full_queue("I-25").await else {
         return;
     };
-    let instances = app.instances();
-    let (first, other) = (instances[0], instances[instances.len() - 1]);
-    assert_ne!(first, other, "two instances");
-    app.create_asset("I-25").await;
-    let held = app.hold("I-25", "x", 60).await["reservation_id"].clone();
-    let join = |address: &str, buyer: &str, key: &str| {
-        let path = "/v1/assets/I-25/waitlist";
-        let body = json!({ "buyer_id": buyer });
-        send_to(&app, reqwest::Method::POST, address, path, key, body)
-    };
-    let (status, waiting) = join(other, "waiter", "join-waiter").await;
-    assert_eq!(status, 201, "{waiting}");
-    let (blocker, stuck) = keep_the_connection(&app, first, "I-26").await;
+    let (blocker, stuck) = keep_the_connection(&app, &first, "I-26").await;
     let lock = app.lock_asset("I-25").await;
-    let path = format!("/v1/reservations/{}/release", held.as_str().expect("an id"));
+    let path = format!("/v1/reservations/{held}/release");
     let release = tokio::spawn(send_to(
         &app,
         reqwest::Method::POST,
-        other,
+        &other,
         &path,
         "release-I-25",
         json!({}),
     ));
     app.lock_waiters(2).await;
-    let attempt = tokio::spawn(join(first, "queued", "join-before-hand-over"));
+    let join = join_queue(&app, &first, "I-25", "queued", "join-before-hand-over");
+    let attempt = tokio::spawn(join);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!attempt.is_finished(), "the join waits");
     lock.release().await;
