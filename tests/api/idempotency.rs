@@ -731,6 +731,86 @@ async fn a_join_is_decided_on_the_queue_as_it_stood_before_a_hand_over_on_postgr
     assert_eq!(app.count(queued).await, 0, "nobody queued");
 }
 
+/// A hold begins, for a waiting list, when its write claims the asset, not
+/// at its first read: a hold that read the asset free, then waited for the
+/// asset's lock, was not there when a join arrived during that wait. The
+/// join, which reads only after the hold committed, is refused as the asset
+/// stood at its arrival (`WAITLIST_NOT_OPEN`, `AVAILABLE`) instead of
+/// queueing; a later attempt of it, sent meanwhile, would have been.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_is_decided_on_a_hold_written_after_its_arrival_on_postgres() {
+    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, one_connection).await else {
+        return;
+    };
+    let instances = app.instances();
+    let (first, other) = (instances[0], instances[instances.len() - 1]);
+    assert_ne!(first, other, "two instances");
+    app.create_asset("I-27").await;
+    let (blocker, stuck) = keep_the_connection(&app, first, "I-28").await;
+    let lock = app.lock_asset("I-27").await;
+    let body = json!({"buyer_id": "x", "hold_seconds": 60});
+    let path = "/v1/assets/I-27/reservations";
+    let hold = send_to(&app, reqwest::Method::POST, other, path, "hold-I-27", body);
+    let hold = tokio::spawn(hold);
+    app.lock_waiters(2).await;
+    let join = join_queue(&app, first, "I-27", "queued", "join-before-the-hold");
+    let attempt = tokio::spawn(join);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!attempt.is_finished(), "the join waits");
+    lock.release().await;
+    let (status, held) = hold.await.expect("joined");
+    assert_eq!(status, 201, "{held}");
+    blocker.release().await;
+    assert_eq!(stuck.await.expect("joined").0, 200);
+    let (status, late) = attempt.await.expect("joined");
+    assert_eq!(
+        (status, late["error_code"].as_str()),
+        (409, Some("WAITLIST_NOT_OPEN")),
+        "{late}"
+    );
+    let queued = "SELECT count(*) FROM waitlist WHERE asset_id = 'I-27'";
+    assert_eq!(app.count(queued).await, 0, "nobody queued");
+    let (status, joined) = join_queue(&app, other, "I-27", "queued", "join-after-the-hold").await;
+    assert_eq!(status, 201, "{joined}");
+}
+
+/// A hold handed to the head of the queue continues the one before it: a
+/// join that arrived after that hold lapsed, while the asset was its
+/// waiter's next (HELD, a queue with room), and reads only after a
+/// newcomer's hold found the lapse and handed the asset over, queues as it
+/// would have at its arrival, instead of finding a hold begun after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_after_a_lapse_is_decided_on_the_hold_before_the_hand_over_on_postgres() {
+    let Some(app) = TestApp::try_spawn_twins(Backend::Postgres, one_connection).await else {
+        return;
+    };
+    let instances = app.instances();
+    let (first, other) = (instances[0], instances[instances.len() - 1]);
+    assert_ne!(first, other, "two instances");
+    app.create_asset("I-29").await;
+    let lapsed = app.hold("I-29", "x", 60).await["reservation_id"].clone();
+    let (status, waiting) = join_queue(&app, other, "I-29", "waiter", "join-waiter").await;
+    assert_eq!(status, 201, "{waiting}");
+    app.lapse(lapsed.as_str().expect("an id")).await;
+    let join = join_queue(&app, first, "I-29", "queued", "join-after-the-lapse");
+    let attempt = delay(&app, first, "I-30", join).await;
+    let body = json!({"buyer_id": "newcomer", "hold_seconds": 60});
+    let path = "/v1/assets/I-29/reservations";
+    let newcomer = send_to(&app, reqwest::Method::POST, other, path, "newcomer", body);
+    let (status, refused) = newcomer.await;
+    assert_eq!(
+        (status, refused["error_code"].as_str()),
+        (409, Some("ASSET_UNAVAILABLE")),
+        "{refused}"
+    );
+    let handed = "SELECT count(*) FROM reservations \
+                  WHERE asset_id = 'I-29' AND buyer_id = 'waiter' AND status = 'HELD'";
+    assert_eq!(app.count(handed).await, 1, "the waiter holds the asset");
+    let (status, joined) = attempt.answer().await;
+    assert_eq!(status, 201, "{joined}");
+    assert_eq!(joined["position"], 1, "{joined}");
+}
+
 /// The arrival is placed on the database's clock by the hold's first read,
 /// not read from the instance's wall clock: with that clock an hour behind
 /// (PostgreSQL's right), an asset released a moment ago and one whose hold

@@ -269,7 +269,7 @@ impl End {
                     }
                 }
                 None => {
-                    hand_off(conn, &r.asset_id, now, &self.policy).await?;
+                    hand_off(conn, &r.asset_id, &r.reservation_id, now, &self.policy).await?;
                 }
             }
         }

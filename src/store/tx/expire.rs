@@ -139,13 +139,13 @@ pub(crate) async fn expire_lapsed(
         event.client = Some(reservation.client.clone());
         events.push(event);
         if row.waiters > 0 {
-            waited_for.push(reservation.asset_id);
+            waited_for.push((reservation.asset_id, reservation.reservation_id));
         }
     }
     // The expiries' events first: a hand-off numbers its own after them.
     conn.insert_events(&events).await?;
-    for asset in &waited_for {
-        hand_off(conn, asset, now, policy).await?;
+    for (asset, ended) in &waited_for {
+        hand_off(conn, asset, ended, now, policy).await?;
     }
     Ok(expired.len())
 }

@@ -30,7 +30,8 @@ pub(crate) struct AssetSeen {
     /// before the sale opens.
     pub target: HoldTarget,
     /// The hold the asset has (live or lapsed): its reservation, and when
-    /// that reservation began.
+    /// that hold began (its write's clock once it held the asset's row;
+    /// `created_at` for a reservation written before `began_at` existed).
     pub holding: Option<(String, Timestamp)>,
     /// The request's arrival on the read's clock ([`arrival`]).
     pub decided: Timestamp,
@@ -78,7 +79,8 @@ pub(crate) async fn asset_snapshot(
             let mut read = Sql::new("SELECT ");
             read.bind(Bind::At(now)).push(
                 " AS now, a.status, a.hold_expires_at, a.available_since, a.waitlist_length, \
-                   a.waitlist_full_at, a.current_reservation_id, h.created_at AS held_since, \
+                   a.waitlist_full_at, a.current_reservation_id, \
+                   coalesce(h.began_at, h.created_at) AS held_since, \
                    h.client AS holder_client, h.buyer_id AS holder_buyer, \
                    i.fingerprint, i.status_code, i.body, i.location \
                  FROM (SELECT 1) AS one LEFT JOIN assets a ON a.id = ",
@@ -141,16 +143,31 @@ pub(crate) async fn asset_snapshot(
         .await
 }
 
+/// How a hold claims its asset, and when it begins for a waiting list (a
+/// join queues only for a hold that began before its arrival).
+pub(crate) enum Claim<'a> {
+    /// An offer, decided at its arrival: the asset must have been free
+    /// then. The hold begins at this write's clock once it holds the
+    /// asset's row: `now` may precede a wait for that lock, during which
+    /// the asset had no hold.
+    FreeAt(Timestamp),
+    /// A hand-over to the head of the queue, which the hold `ended` (its
+    /// reservation) made in this transaction: the asset passes from one
+    /// hold to the next, and the new one continues it, beginning when it
+    /// began.
+    Continues(&'a str),
+}
+
 /// Holds the AVAILABLE asset for `held` (its buyer and client, its expiry,
 /// how it was made and its metadata): the asset HELD until then with this
 /// reservation current and a new version, and the reservation written at
 /// the asset's price, which `held` takes. `false` when the asset was not
-/// AVAILABLE, or, given `free_at`, had become free after that moment.
+/// AVAILABLE, or, for [`Claim::FreeAt`], had become free after that moment.
 pub(crate) async fn give(
     conn: &mut Conn<'_>,
     held: &mut Reservation,
     now: Timestamp,
-    free_at: Option<Timestamp>,
+    how: Claim<'_>,
 ) -> StoreResult<bool> {
     #[derive(QueryableByName)]
     struct Priced {
@@ -158,6 +175,11 @@ pub(crate) async fn give(
         price_amount: Option<i64>,
         #[diesel(sql_type = Nullable<Text>)]
         price_currency: Option<String>,
+    }
+    #[derive(QueryableByName)]
+    struct Began {
+        #[diesel(sql_type = Instant)]
+        began: Timestamp,
     }
     let mut claim = Sql::new("UPDATE assets SET status = 'HELD', hold_expires_at = ");
     claim
@@ -169,7 +191,7 @@ pub(crate) async fn give(
         .push(" WHERE id = ")
         .bind(Bind::Text(held.asset_id.clone()))
         .push(" AND status = 'AVAILABLE'");
-    if let Some(at) = free_at {
+    if let Claim::FreeAt(at) = how {
         claim
             .push(" AND (available_since IS NULL OR available_since <= ")
             .bind(Bind::At(at))
@@ -186,13 +208,29 @@ pub(crate) async fn give(
         return Ok(false);
     };
     held.price = price_of(priced.price_amount, priced.price_currency);
+    let began = match how {
+        Claim::FreeAt(_) => conn.now_after_locks().await?,
+        Claim::Continues(ended) => {
+            let mut start = Sql::new(
+                "SELECT coalesce(began_at, created_at) AS began FROM reservations WHERE id = ",
+            );
+            start.bind(Bind::Text(ended.to_owned()));
+            conn.load_sql::<Began>(&start)
+                .await
+                .context("read when the hold handed over began")?
+                .into_iter()
+                .next()
+                .ok_or_else(|| StoreError::Corrupt(format!("hold {ended} handed over is gone")))?
+                .began
+        }
+    };
     let metadata = held
         .metadata
         .as_ref()
         .and_then(|m| serde_json::to_string(m).ok());
     let mut insert = Sql::new(
         "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, \
-             client, price_amount, price_currency, metadata, via) VALUES (",
+             client, price_amount, price_currency, metadata, via, began_at) VALUES (",
     );
     insert
         .bind(Bind::Text(held.reservation_id.clone()))
@@ -216,6 +254,8 @@ pub(crate) async fn give(
         .bind(Bind::OptText(metadata))
         .push(", ")
         .bind(Bind::OptText(held.via.map(|v| v.as_str().to_owned())))
+        .push(", ")
+        .bind(Bind::At(began))
         .push(")");
     conn.execute_sql(&insert).await.context("hold the asset")?;
     Ok(true)

@@ -478,10 +478,13 @@ impl Draft {
         else {
             return Err(Abort::Retry);
         };
+        // The hold begins here, for a waiting list (`hold_asset`'s
+        // `began_at`): SQLite's one writer has waited for its turn by now.
+        let began = conn.now_after_locks().await?;
         let insert = sql_query(
             "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, \
-                 client, price_amount, price_currency, metadata) \
-             VALUES ($1, $2, $3, 'HELD', $4, $5, $6, $7, $8, $9)",
+                 client, price_amount, price_currency, metadata, began_at) \
+             VALUES ($1, $2, $3, 'HELD', $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind::<Text, _>(&r.reservation_id)
         .bind::<Text, _>(&r.asset_id)
@@ -491,7 +494,8 @@ impl Draft {
         .bind::<Text, _>(&r.client)
         .bind::<Nullable<BigInt>, _>(r.price.as_ref().map(|p| p.amount))
         .bind::<Nullable<Text>, _>(r.price.as_ref().map(|p| p.currency.as_str()))
-        .bind::<Nullable<Text>, _>(self.metadata_json());
+        .bind::<Nullable<Text>, _>(self.metadata_json())
+        .bind::<Instant, _>(began);
         conn.execute(insert)
             .await
             .context("record the reservation")?;

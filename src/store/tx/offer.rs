@@ -6,7 +6,7 @@
 //! payment; it does not count toward the buyer's limit of live holds.
 
 use super::expire::{expire_lapsed, Lapsed};
-use super::given::{asset_snapshot, give};
+use super::given::{asset_snapshot, give, Claim};
 use super::{about, answered, contention, write_after, Keep, MAX_ATTEMPTS};
 use crate::domain::{
     hold_decision, AssetStatus, AssetUnavailable, EventType, HoldDecision, Reservation, Timestamp,
@@ -97,7 +97,7 @@ async fn make(
             let now = offered.created_at;
             let asset = offered.asset_id.clone();
             expire_lapsed(conn, Lapsed::Of(&asset), now, store_.policy()).await?;
-            if !give(conn, &mut offered, now, Some(decided)).await? {
+            if !give(conn, &mut offered, now, Claim::FreeAt(decided)).await? {
                 return Err(Abort::Retry);
             }
             let answer = store_.render(Answer::Held(&offered));

@@ -15,7 +15,7 @@ use chrono::Duration;
 use diesel::sql_types::{BigInt, Text};
 use diesel::QueryableByName;
 
-use super::given::{asset_snapshot, give};
+use super::given::{asset_snapshot, give, Claim};
 use super::hold::at_limit;
 use super::{answered, contention, write_after, Keep, MAX_ATTEMPTS};
 use crate::domain::{
@@ -385,8 +385,8 @@ struct Head {
     seq: i64,
 }
 
-/// Hands the AVAILABLE `asset` (whose hold just ended in this transaction)
-/// to its first waiter: a hold of the policy's `waitlist_hold_seconds` from
+/// Hands the AVAILABLE `asset` (whose hold `ended` just ended in this
+/// transaction) to its first waiter, a hold that continues that one: a hold of the policy's `waitlist_hold_seconds` from
 /// `now`, owned by the waiter's client, with event `reservation.held` via
 /// `waitlist`. A waiter that already has its most live holds is passed over
 /// and leaves the queue (`waitlist.skipped`). Without waiters, or when every
@@ -394,6 +394,7 @@ struct Head {
 pub(crate) async fn hand_off(
     conn: &mut Conn<'_>,
     asset: &str,
+    ended: &str,
     now: Timestamp,
     policy: &Policy,
 ) -> StoreResult<Option<Reservation>> {
@@ -434,7 +435,7 @@ pub(crate) async fn hand_off(
             metrics::counter!("holdfast_waitlist_skips_total").increment(1);
             continue;
         }
-        break Some(hold_for(conn, asset, &head, now, policy).await?);
+        break Some(hold_for(conn, asset, ended, &head, now, policy).await?);
     };
     if let Some(held) = &handed {
         let data = serde_json::to_string(held).unwrap_or_default();
@@ -451,6 +452,7 @@ pub(crate) async fn hand_off(
 async fn hold_for(
     conn: &mut Conn<'_>,
     asset: &str,
+    ended: &str,
     head: &Head,
     now: Timestamp,
     policy: &Policy,
@@ -460,7 +462,7 @@ async fn hold_for(
         via: Some(Via::Waitlist),
         ..Reservation::held(&asset, &head.buyer_id, &head.client, now, until)
     };
-    match give(conn, &mut held, now, None).await? {
+    match give(conn, &mut held, now, Claim::Continues(ended)).await? {
         true => Ok(held),
         false => Err(StoreError::Corrupt(format!(
             "asset {asset} was not free to hand over"
