@@ -478,8 +478,9 @@ impl Draft {
         else {
             return Err(Abort::Retry);
         };
-        // The hold begins here, for a waiting list (`hold_asset`'s
-        // `began_at`): SQLite's one writer has waited for its turn by now.
+        // The hold begins here, for a waiting list: SQLite's one writer has
+        // waited for its turn by now (on PostgreSQL, `began_at`'s default
+        // when `hold_asset` inserts the reservation after its claim).
         let began = conn.now_after_locks().await?;
         let insert = sql_query(
             "INSERT INTO reservations (id, asset_id, buyer_id, status, expires_at, created_at, \
