@@ -41,11 +41,23 @@ pub(crate) struct StoredAnswer {
 pub(crate) type SnapshotInput = (String, String, String);
 
 /// One row of a hold's first read: the clock, the asset and the answer
-/// stored under the key. Every losing request of a flash sale decodes one,
-/// so it is read in the statement's column order ([`InOrder`]).
+/// stored under the key. Every losing request of a flash sale decodes one
+/// (or shares its batch's), so it is read in the statement's column order
+/// ([`InOrder`]).
 #[derive(Clone)]
 pub(crate) struct HoldSnapshotRow {
     pub(crate) key: KeySnapshotRow,
+    pub(crate) asset: SnapshotAsset,
+    /// When the statement that read it was sent (the monotonic clock): the
+    /// read's clock `now` was taken after it. Decoding sets the moment of
+    /// decoding; the reader, which alone knows, replaces it.
+    pub(crate) sent: std::time::Instant,
+}
+
+/// What a hold's first read reads of the asset and its holder; all `None`
+/// when there is no such asset.
+#[derive(Clone, Default)]
+pub(crate) struct SnapshotAsset {
     pub(crate) status: Option<String>,
     pub(crate) hold_expires_at: Option<Timestamp>,
     pub(crate) available_from: Option<Timestamp>,
@@ -56,10 +68,60 @@ pub(crate) struct HoldSnapshotRow {
     pub(crate) waitlist_length: Option<i32>,
     pub(crate) holder_client: Option<String>,
     pub(crate) holder_buyer: Option<String>,
-    /// When the statement that read it was sent (the monotonic clock): the
-    /// read's clock `now` was taken after it. Decoding sets the moment of
-    /// decoding; the reader, which alone knows, replaces it.
-    pub(crate) sent: std::time::Instant,
+}
+
+/// One row of the batch statement of holds' first reads
+/// (`HOLD_SNAPSHOT_SQL`): an asset named by the batch (`ord` NULL; `id` NULL
+/// too when it names none that exists), or the answer stored under the
+/// `ord`-th key (asset columns NULL).
+pub(crate) struct HoldBatchRow {
+    pub(crate) now: Timestamp,
+    pub(crate) ord: Option<i64>,
+    pub(crate) id: Option<String>,
+    pub(crate) asset: SnapshotAsset,
+    pub(crate) stored: MaybeStoredRow,
+}
+
+impl SnapshotAsset {
+    fn read<'a: 'r, 'r, R, DB>(c: &mut InOrder<'a, 'r, R, DB>) -> deserialize::Result<Self>
+    where
+        R: diesel::row::Row<'a, DB>,
+        DB: Backend,
+        Option<Timestamp>: FromSql<Nullable<Instant>, DB>,
+        Option<String>: FromSql<Nullable<Text>, DB>,
+        Option<i64>: FromSql<Nullable<BigInt>, DB>,
+        Option<i32>: FromSql<Nullable<Integer>, DB>,
+    {
+        Ok(Self {
+            status: c.next::<Nullable<Text>, _>("status")?,
+            hold_expires_at: c.next::<Nullable<Instant>, _>("hold_expires_at")?,
+            available_from: c.next::<Nullable<Instant>, _>("available_from")?,
+            available_since: c.next::<Nullable<Instant>, _>("available_since")?,
+            current_reservation_id: c.next::<Nullable<Text>, _>("current_reservation_id")?,
+            price_amount: c.next::<Nullable<BigInt>, _>("price_amount")?,
+            price_currency: c.next::<Nullable<Text>, _>("price_currency")?,
+            waitlist_length: c.next::<Nullable<Integer>, _>("waitlist_length")?,
+            holder_client: c.next::<Nullable<Text>, _>("holder_client")?,
+            holder_buyer: c.next::<Nullable<Text>, _>("holder_buyer")?,
+        })
+    }
+}
+
+impl MaybeStoredRow {
+    fn read<'a: 'r, 'r, R, DB>(c: &mut InOrder<'a, 'r, R, DB>) -> deserialize::Result<Self>
+    where
+        R: diesel::row::Row<'a, DB>,
+        DB: Backend,
+        Option<String>: FromSql<Nullable<Text>, DB>,
+        Option<i32>: FromSql<Nullable<Integer>, DB>,
+    {
+        Ok(Self {
+            fingerprint: c.next::<Nullable<Text>, _>("fingerprint")?,
+            status_code: c.next::<Nullable<Integer>, _>("status_code")?,
+            body: c.next::<Nullable<Text>, _>("body")?,
+            location: c.next::<Nullable<Text>, _>("location")?,
+        })
+    }
 }
 
 impl<DB> QueryableByName<DB> for HoldSnapshotRow
@@ -74,36 +136,40 @@ where
     fn build<'a>(row: &impl NamedRow<'a, DB>) -> deserialize::Result<Self> {
         let mut c = InOrder::new(row);
         let now = c.next::<Instant, _>("now")?;
-        let status = c.next::<Nullable<Text>, _>("status")?;
-        let hold_expires_at = c.next::<Nullable<Instant>, _>("hold_expires_at")?;
-        let available_from = c.next::<Nullable<Instant>, _>("available_from")?;
-        let available_since = c.next::<Nullable<Instant>, _>("available_since")?;
-        let current_reservation_id = c.next::<Nullable<Text>, _>("current_reservation_id")?;
-        let price_amount = c.next::<Nullable<BigInt>, _>("price_amount")?;
-        let price_currency = c.next::<Nullable<Text>, _>("price_currency")?;
-        let waitlist_length = c.next::<Nullable<Integer>, _>("waitlist_length")?;
-        let holder_client = c.next::<Nullable<Text>, _>("holder_client")?;
-        let holder_buyer = c.next::<Nullable<Text>, _>("holder_buyer")?;
-        let stored = MaybeStoredRow {
-            fingerprint: c.next::<Nullable<Text>, _>("fingerprint")?,
-            status_code: c.next::<Nullable<Integer>, _>("status_code")?,
-            body: c.next::<Nullable<Text>, _>("body")?,
-            location: c.next::<Nullable<Text>, _>("location")?,
-        };
+        let asset = SnapshotAsset::read(&mut c)?;
+        let stored = MaybeStoredRow::read(&mut c)?;
         c.end()?;
         Ok(Self {
             key: KeySnapshotRow { now, stored },
-            status,
-            hold_expires_at,
-            available_from,
-            available_since,
-            current_reservation_id,
-            price_amount,
-            price_currency,
-            waitlist_length,
-            holder_client,
-            holder_buyer,
+            asset,
             sent: std::time::Instant::now(),
+        })
+    }
+}
+
+impl<DB> QueryableByName<DB> for HoldBatchRow
+where
+    DB: Backend,
+    Timestamp: FromSql<Instant, DB>,
+    Option<Timestamp>: FromSql<Nullable<Instant>, DB>,
+    Option<String>: FromSql<Nullable<Text>, DB>,
+    Option<i64>: FromSql<Nullable<BigInt>, DB>,
+    Option<i32>: FromSql<Nullable<Integer>, DB>,
+{
+    fn build<'a>(row: &impl NamedRow<'a, DB>) -> deserialize::Result<Self> {
+        let mut c = InOrder::new(row);
+        let now = c.next::<Instant, _>("now")?;
+        let ord = c.next::<Nullable<BigInt>, _>("ord")?;
+        let id = c.next::<Nullable<Text>, _>("id")?;
+        let asset = SnapshotAsset::read(&mut c)?;
+        let stored = MaybeStoredRow::read(&mut c)?;
+        c.end()?;
+        Ok(Self {
+            now,
+            ord,
+            id,
+            asset,
+            stored,
         })
     }
 }
@@ -351,7 +417,7 @@ impl MaybeReservationRow {
 }
 
 /// The columns of a LEFT JOINed idempotency record, all nullable.
-#[derive(QueryableByName, Clone)]
+#[derive(QueryableByName, Clone, Default)]
 pub(crate) struct MaybeStoredRow {
     #[diesel(sql_type = Nullable<Text>)]
     pub(crate) fingerprint: Option<String>,

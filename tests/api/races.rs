@@ -183,6 +183,16 @@ async fn commit_racing_release_ends_consistent(app: TestApp) {
 /// still get the answer to its own key, body and asset.
 async fn concurrent_requests_each_get_their_own_answer(app: TestApp) {
     app.create_asset("MIX-1").await;
+    let opens = chrono::Utc::now() + chrono::Duration::days(1);
+    let later = app
+        .post(
+            "/v1/assets",
+            None,
+            &json!({"id": "MIX-2", "name": "lot",
+                    "available_from": opens.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}),
+        )
+        .await;
+    assert_eq!(later.status(), 201);
     let held = app
         .post(
             "/v1/assets/MIX-1/reservations",
@@ -192,13 +202,14 @@ async fn concurrent_requests_each_get_their_own_answer(app: TestApp) {
         .await;
     assert_eq!(held.status(), 201);
     let held: Value = held.json().await.unwrap();
-    let responses = join_all((0..160).map(|i| {
+    let responses = join_all((0..200).map(|i| {
         let app = &app;
         async move {
-            let (asset, key, buyer) = match i % 4 {
+            let (asset, key, buyer) = match i % 5 {
                 0 => ("MIX-1", "mix-key".to_owned(), "first".to_owned()),
                 1 => ("MIX-1", "mix-key".to_owned(), format!("other-{i}")),
                 2 => ("MIX-1", format!("fresh-{i}"), format!("b-{i}")),
+                3 => ("MIX-2", format!("fresh-{i}"), format!("b-{i}")),
                 _ => ("NO-SUCH", format!("fresh-{i}"), format!("b-{i}")),
             };
             let response = app
@@ -214,7 +225,7 @@ async fn concurrent_requests_each_get_their_own_answer(app: TestApp) {
     }))
     .await;
     for (i, status, body) in &responses {
-        match i % 4 {
+        match i % 5 {
             0 => {
                 assert_eq!(*status, 200, "replay {i}: {body}");
                 assert_eq!(body["reservation_id"], held["reservation_id"]);
@@ -224,6 +235,7 @@ async fn concurrent_requests_each_get_their_own_answer(app: TestApp) {
                 assert_eq!(*status, 409, "{i}: {body}");
                 assert_eq!(body["error_code"], "ASSET_UNAVAILABLE");
             }
+            3 => assert_eq!(body["error_code"], "SALE_NOT_OPEN", "{i}: {body}"),
             _ => assert_eq!(body["error_code"], "ASSET_NOT_FOUND", "{i}: {body}"),
         }
     }
