@@ -704,15 +704,17 @@ fn assemble(
             (None, None) => {}
         }
     }
+    // Found by id for each request: a batch of holds spread over many
+    // assets names as many as it has requests.
+    assets.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
     Ok(unique
         .iter()
         .zip(stored)
         .map(|((asset, _, _), stored)| HoldSnapshotRow {
             key: KeySnapshotRow { now, stored },
             asset: assets
-                .iter()
-                .find(|(id, _)| id == asset)
-                .map(|(_, found)| found.clone())
+                .binary_search_by(|(id, _)| id.as_str().cmp(asset))
+                .map(|at| assets[at].1.clone())
                 .unwrap_or_default(),
             sent: std::time::Instant::now(),
         })
