@@ -40,10 +40,11 @@ pub(crate) struct StoredAnswer {
 /// key.
 pub(crate) type SnapshotInput = (String, String, String);
 
-/// One row of a hold's first read: the clock, the asset and the answer
-/// stored under the key. Every losing request of a flash sale decodes one
-/// (or shares its batch's), so it is read in the statement's column order
-/// ([`InOrder`]).
+/// A hold's first read of one request: the clock, the asset and the answer
+/// stored under the key. Read as one row when the request is read alone;
+/// put together from a batch's [`HoldBatchRow`]s otherwise. Rows are read
+/// in their statement's column order ([`InOrder`]): every losing request of
+/// a flash sale needs one.
 #[derive(Clone)]
 pub(crate) struct HoldSnapshotRow {
     pub(crate) key: KeySnapshotRow,
@@ -82,46 +83,39 @@ pub(crate) struct HoldBatchRow {
     pub(crate) stored: MaybeStoredRow,
 }
 
-impl SnapshotAsset {
-    fn read<'a: 'r, 'r, R, DB>(c: &mut InOrder<'a, 'r, R, DB>) -> deserialize::Result<Self>
-    where
-        R: diesel::row::Row<'a, DB>,
-        DB: Backend,
-        Option<Timestamp>: FromSql<Nullable<Instant>, DB>,
-        Option<String>: FromSql<Nullable<Text>, DB>,
-        Option<i64>: FromSql<Nullable<BigInt>, DB>,
-        Option<i32>: FromSql<Nullable<Integer>, DB>,
-    {
-        Ok(Self {
-            status: c.next::<Nullable<Text>, _>("status")?,
-            hold_expires_at: c.next::<Nullable<Instant>, _>("hold_expires_at")?,
-            available_from: c.next::<Nullable<Instant>, _>("available_from")?,
-            available_since: c.next::<Nullable<Instant>, _>("available_since")?,
-            current_reservation_id: c.next::<Nullable<Text>, _>("current_reservation_id")?,
-            price_amount: c.next::<Nullable<BigInt>, _>("price_amount")?,
-            price_currency: c.next::<Nullable<Text>, _>("price_currency")?,
-            waitlist_length: c.next::<Nullable<Integer>, _>("waitlist_length")?,
-            holder_client: c.next::<Nullable<Text>, _>("holder_client")?,
-            holder_buyer: c.next::<Nullable<Text>, _>("holder_buyer")?,
-        })
-    }
-}
-
-impl MaybeStoredRow {
-    fn read<'a: 'r, 'r, R, DB>(c: &mut InOrder<'a, 'r, R, DB>) -> deserialize::Result<Self>
-    where
-        R: diesel::row::Row<'a, DB>,
-        DB: Backend,
-        Option<String>: FromSql<Nullable<Text>, DB>,
-        Option<i32>: FromSql<Nullable<Integer>, DB>,
-    {
-        Ok(Self {
-            fingerprint: c.next::<Nullable<Text>, _>("fingerprint")?,
-            status_code: c.next::<Nullable<Integer>, _>("status_code")?,
-            body: c.next::<Nullable<Text>, _>("body")?,
-            location: c.next::<Nullable<Text>, _>("location")?,
-        })
-    }
+/// The columns a hold's first read reads after its clock (and, in a batch,
+/// its row's number and asset id): the asset and its holder, then the
+/// answer stored under the key.
+fn asset_and_stored<'a: 'r, 'r, R, DB>(
+    c: &mut InOrder<'a, 'r, R, DB>,
+) -> deserialize::Result<(SnapshotAsset, MaybeStoredRow)>
+where
+    R: diesel::row::Row<'a, DB>,
+    DB: Backend,
+    Option<Timestamp>: FromSql<Nullable<Instant>, DB>,
+    Option<String>: FromSql<Nullable<Text>, DB>,
+    Option<i64>: FromSql<Nullable<BigInt>, DB>,
+    Option<i32>: FromSql<Nullable<Integer>, DB>,
+{
+    let asset = SnapshotAsset {
+        status: c.next::<Nullable<Text>, _>("status")?,
+        hold_expires_at: c.next::<Nullable<Instant>, _>("hold_expires_at")?,
+        available_from: c.next::<Nullable<Instant>, _>("available_from")?,
+        available_since: c.next::<Nullable<Instant>, _>("available_since")?,
+        current_reservation_id: c.next::<Nullable<Text>, _>("current_reservation_id")?,
+        price_amount: c.next::<Nullable<BigInt>, _>("price_amount")?,
+        price_currency: c.next::<Nullable<Text>, _>("price_currency")?,
+        waitlist_length: c.next::<Nullable<Integer>, _>("waitlist_length")?,
+        holder_client: c.next::<Nullable<Text>, _>("holder_client")?,
+        holder_buyer: c.next::<Nullable<Text>, _>("holder_buyer")?,
+    };
+    let stored = MaybeStoredRow {
+        fingerprint: c.next::<Nullable<Text>, _>("fingerprint")?,
+        status_code: c.next::<Nullable<Integer>, _>("status_code")?,
+        body: c.next::<Nullable<Text>, _>("body")?,
+        location: c.next::<Nullable<Text>, _>("location")?,
+    };
+    Ok((asset, stored))
 }
 
 impl<DB> QueryableByName<DB> for HoldSnapshotRow
@@ -136,8 +130,7 @@ where
     fn build<'a>(row: &impl NamedRow<'a, DB>) -> deserialize::Result<Self> {
         let mut c = InOrder::new(row);
         let now = c.next::<Instant, _>("now")?;
-        let asset = SnapshotAsset::read(&mut c)?;
-        let stored = MaybeStoredRow::read(&mut c)?;
+        let (asset, stored) = asset_and_stored(&mut c)?;
         c.end()?;
         Ok(Self {
             key: KeySnapshotRow { now, stored },
@@ -147,22 +140,13 @@ where
     }
 }
 
-impl<DB> QueryableByName<DB> for HoldBatchRow
-where
-    DB: Backend,
-    Timestamp: FromSql<Instant, DB>,
-    Option<Timestamp>: FromSql<Nullable<Instant>, DB>,
-    Option<String>: FromSql<Nullable<Text>, DB>,
-    Option<i64>: FromSql<Nullable<BigInt>, DB>,
-    Option<i32>: FromSql<Nullable<Integer>, DB>,
-{
-    fn build<'a>(row: &impl NamedRow<'a, DB>) -> deserialize::Result<Self> {
+impl QueryableByName<diesel::pg::Pg> for HoldBatchRow {
+    fn build<'a>(row: &impl NamedRow<'a, diesel::pg::Pg>) -> deserialize::Result<Self> {
         let mut c = InOrder::new(row);
         let now = c.next::<Instant, _>("now")?;
         let ord = c.next::<Nullable<BigInt>, _>("ord")?;
         let id = c.next::<Nullable<Text>, _>("id")?;
-        let asset = SnapshotAsset::read(&mut c)?;
-        let stored = MaybeStoredRow::read(&mut c)?;
+        let (asset, stored) = asset_and_stored(&mut c)?;
         c.end()?;
         Ok(Self {
             now,

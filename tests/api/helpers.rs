@@ -371,6 +371,24 @@ impl TestApp {
         response.json().await.expect("an asset")
     }
 
+    /// Creates asset `id` on sale from `opens` and returns it.
+    pub async fn create_asset_opening(
+        &self,
+        id: &str,
+        opens: chrono::DateTime<chrono::Utc>,
+    ) -> Value {
+        let opens = opens.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let response = self
+            .post(
+                "/v1/assets",
+                None,
+                &serde_json::json!({"id": id, "name": format!("Lot {id}"), "available_from": opens}),
+            )
+            .await;
+        assert_eq!(response.status(), 201, "create asset {id}");
+        response.json().await.expect("an asset")
+    }
+
     /// Holds `asset` for `buyer` and returns the reservation.
     pub async fn hold(&self, asset: &str, buyer: &str, hold_seconds: i64) -> Value {
         let response = self

@@ -183,16 +183,8 @@ async fn commit_racing_release_ends_consistent(app: TestApp) {
 /// still get the answer to its own key, body and asset.
 async fn concurrent_requests_each_get_their_own_answer(app: TestApp) {
     app.create_asset("MIX-1").await;
-    let opens = chrono::Utc::now() + chrono::Duration::days(1);
-    let later = app
-        .post(
-            "/v1/assets",
-            None,
-            &json!({"id": "MIX-2", "name": "lot",
-                    "available_from": opens.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}),
-        )
+    app.create_asset_opening("MIX-2", chrono::Utc::now() + chrono::Duration::days(1))
         .await;
-    assert_eq!(later.status(), 201);
     let held = app
         .post(
             "/v1/assets/MIX-1/reservations",
@@ -247,15 +239,7 @@ async fn concurrent_requests_each_get_their_own_answer(app: TestApp) {
 /// does, the others are told the sale is not open or the asset is taken.
 async fn the_opening_instant_makes_one_winner(app: TestApp) {
     let opens = chrono::Utc::now() + chrono::Duration::milliseconds(300);
-    let created = app
-        .post(
-            "/v1/assets",
-            None,
-            &json!({"id": "OPENING-1", "name": "lot",
-                    "available_from": opens.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}),
-        )
-        .await;
-    assert_eq!(created.status(), 201);
+    app.create_asset_opening("OPENING-1", opens).await;
     // Waves of buyers, one after the other from before the opening (by the
     // database's clock) until one wins.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
