@@ -626,7 +626,7 @@ pub(crate) async fn read_snapshots(
         })
         .collect();
     // One request has a statement of its own (see HOLD_SNAPSHOT_ONE_SQL).
-    let (sent, rows) = if let [(asset, client, key)] = unique.as_slice() {
+    let rows = if let [(asset, client, key)] = unique.as_slice() {
         let read = sql_query(HOLD_SNAPSHOT_ONE_SQL)
             .bind::<Text, _>(asset.as_str())
             .bind::<Text, _>(client.as_str())
@@ -640,7 +640,7 @@ pub(crate) async fn read_snapshots(
                 Ok((sent, row))
             })
             .await?;
-        (sent, vec![row])
+        vec![HoldSnapshotRow { sent, ..row }]
     } else {
         // One id per request, however many name the same asset (see
         // HOLD_SNAPSHOT_SQL).
@@ -660,12 +660,8 @@ pub(crate) async fn read_snapshots(
                 Ok((sent, rows))
             })
             .await?;
-        (sent, assemble(&unique, rows)?)
+        assemble(&unique, rows, sent)?
     };
-    let rows: Vec<HoldSnapshotRow> = rows
-        .into_iter()
-        .map(|row| HoldSnapshotRow { sent, ..row })
-        .collect();
     if rows.len() == slots.len() {
         // Every request was its own: the rows are the answers, in order.
         return Ok(rows);
@@ -675,10 +671,12 @@ pub(crate) async fn read_snapshots(
 
 /// Each request's snapshot from the batch statement's rows: the asset it
 /// names (none when the statement found none by that id) and the answer
-/// stored under its key, with the statement's one clock.
+/// stored under its key, with the statement's one clock and the moment it
+/// was `sent`.
 fn assemble(
     unique: &[&SnapshotInput],
     rows: Vec<HoldBatchRow>,
+    sent: std::time::Instant,
 ) -> StoreResult<Vec<HoldSnapshotRow>> {
     let now = rows
         .first()
@@ -716,7 +714,7 @@ fn assemble(
                 .binary_search_by(|(id, _)| id.as_str().cmp(asset))
                 .map(|at| assets[at].1.clone())
                 .unwrap_or_default(),
-            sent: std::time::Instant::now(),
+            sent,
         })
         .collect())
 }
@@ -793,7 +791,7 @@ mod tests {
             key_row(now, 3, "third"),
             key_row(now, 2, "second"),
         ];
-        let read = assemble(&unique, rows).expect("assembled");
+        let read = assemble(&unique, rows, std::time::Instant::now()).expect("assembled");
         let seen: Vec<(Option<&str>, Option<&str>)> = read
             .iter()
             .map(|row| {
@@ -823,12 +821,12 @@ mod tests {
         for ord in [0, 3] {
             let rows = vec![asset_row(now, "A", "HELD"), key_row(now, ord, "x")];
             assert!(matches!(
-                assemble(&unique, rows),
+                assemble(&unique, rows, std::time::Instant::now()),
                 Err(StoreError::Corrupt(_))
             ));
         }
         assert!(matches!(
-            assemble(&unique, Vec::new()),
+            assemble(&unique, Vec::new(), std::time::Instant::now()),
             Err(StoreError::Corrupt(_))
         ));
     }

@@ -389,9 +389,10 @@ struct Head {
 /// transaction) to its first waiter: a hold of the policy's
 /// `waitlist_hold_seconds` from `now` that continues the ended one (it
 /// began when that one began), owned by the waiter's client, with event
-/// `reservation.held` via `waitlist`. A waiter that already has its most live holds is passed over
-/// and leaves the queue (`waitlist.skipped`). Without waiters, or when every
-/// one was passed over, the asset stays AVAILABLE. The new hold, if any.
+/// `reservation.held` via `waitlist`. A waiter that already has its most
+/// live holds is passed over and leaves the queue (`waitlist.skipped`).
+/// Without waiters, or when every one was passed over, the asset stays
+/// AVAILABLE. The new hold, if any.
 pub(crate) async fn hand_off(
     conn: &mut Conn<'_>,
     asset: &str,
