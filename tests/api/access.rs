@@ -361,11 +361,86 @@ async fn a_burst_of_one_buyer_ends_at_the_limit(app: TestApp) {
     );
 }
 
+/// Two clients using the same key at the same moment, in parallel: each
+/// request is matched to its own client's stored answer, whatever batch it
+/// is read in. A replay never answers with the other client's reservation,
+/// and a key one client used says nothing about the other's.
+async fn one_key_of_two_clients_at_once_stays_two_keys(backend: Backend) {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
+        return;
+    };
+    for id in ["PAIR-A", "PAIR-B"] {
+        let r = call(
+            &app,
+            Method::POST,
+            "/v1/assets",
+            Some(&keys.admin),
+            Some(json!({"id": id, "name": id})),
+        )
+        .await;
+        assert_eq!(r.status(), 201);
+    }
+    let hold = |token: String, asset: &'static str, key: String| {
+        let app = &app;
+        async move {
+            let response = app
+                .client
+                .post(app.url(&format!("/v1/assets/{asset}/reservations")))
+                .bearer_auth(token)
+                .header("Idempotency-Key", key)
+                .json(&json!({"buyer_id": "same-buyer"}))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, mine) = hold(keys.shop.clone(), "PAIR-A", "both".into()).await;
+    assert_eq!(status, 201, "{mine}");
+    let (status, theirs) = hold(keys.other_shop.clone(), "PAIR-B", "both".into()).await;
+    assert_eq!(status, 201, "{theirs}");
+    let answers = join_all((0..200).map(|i| {
+        let (token, asset, key) = match i % 5 {
+            0 => (keys.shop.clone(), "PAIR-A", "both".to_owned()),
+            1 => (keys.other_shop.clone(), "PAIR-B", "both".to_owned()),
+            2 => (keys.shop.clone(), "PAIR-B", "both".to_owned()),
+            3 => (keys.other_shop.clone(), "PAIR-A", "both".to_owned()),
+            _ => (keys.other_shop.clone(), "PAIR-A", idempotency_key()),
+        };
+        let hold = &hold;
+        async move { (i, hold(token, asset, key).await) }
+    }))
+    .await;
+    for (i, (status, body)) in &answers {
+        match i % 5 {
+            0 => {
+                assert_eq!(*status, 200, "shop-a's replay {i}: {body}");
+                assert_eq!(body["reservation_id"], mine["reservation_id"]);
+            }
+            1 => {
+                assert_eq!(*status, 200, "shop-b's replay {i}: {body}");
+                assert_eq!(body["reservation_id"], theirs["reservation_id"]);
+            }
+            2 | 3 => {
+                assert_eq!(*status, 422, "{i}: {body}");
+                assert_eq!(body["error_code"], "IDEMPOTENCY_KEY_REUSED", "{i}: {body}");
+            }
+            _ => {
+                assert_eq!(*status, 409, "{i}: {body}");
+                assert_eq!(body["error_code"], "ASSET_UNAVAILABLE", "{i}: {body}");
+            }
+        }
+    }
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 2);
+}
+
 backend_tests!(
     a_burst_of_one_buyer_ends_at_the_limit;
     backend:
         every_role_against_every_operation,
         storefronts_see_only_their_own_reservations_and_keys,
+        one_key_of_two_clients_at_once_stays_two_keys,
         preflights_need_no_key,
         no_spelling_skips_the_keys,
         form_posts_are_refused_for_every_caller,
