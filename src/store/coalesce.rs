@@ -19,8 +19,8 @@
 //! Batches run on the runtime the coalescer was made on (the store's, the
 //! one the service starts on), not on the HTTP worker whose caller happened
 //! to start one: the callers of every worker are answered from one place,
-//! which also drives the connections opened at start, instead of each batch
-//! crossing from one worker's thread to another's and back.
+//! which also drives every connection (`postgres::Sessions`), instead of
+//! each batch crossing from one worker's thread to another's and back.
 //!
 //! A batch wakes each caller's thread once, not once per caller: waking a
 //! task of another thread is a system call (the thread's event loop is

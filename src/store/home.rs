@@ -1,6 +1,7 @@
 //! The runtime a store was opened on, where its background work runs: the
-//! coalesced reads' batches and SQLite's blocking calls. One place for every
-//! HTTP worker, instead of each worker's runtime doing it on its own threads.
+//! coalesced reads' batches, the drivers of PostgreSQL's connections and
+//! SQLite's blocking calls. One place for every HTTP worker, instead of each
+//! worker's runtime doing it on its own threads.
 
 use std::future::Future;
 

@@ -111,10 +111,17 @@ impl Sessions {
         // The pool's commits tell when its sessions remake their plans.
         let replans = Arc::new(Replans::default());
         let counted = Arc::clone(&replans);
+        // Every connection is opened, and so driven, on the store's runtime,
+        // where the batched reads run: a connection opened by the HTTP worker
+        // that happened to need one first was driven by that worker's thread
+        // for good, and every statement another thread sent on it woke that
+        // worker twice (its query, then its answer).
+        let home = super::home::Home::here();
         config.custom_setup = Box::new(move |url| {
             let url = url.to_owned();
             let counted = Arc::clone(&counted);
-            async move {
+            let home = home.clone();
+            let connect = async move {
                 let mut conn = if pooled {
                     connect_through_pooler(&url).await?
                 } else {
@@ -132,6 +139,11 @@ impl Sessions {
                     counted.committed()
                 }));
                 Ok(conn)
+            };
+            async move {
+                home.spawn(connect).await.map_err(|e| {
+                    diesel::ConnectionError::BadConnection(format!("open a connection: {e}"))
+                })?
             }
             .boxed()
         });
