@@ -47,6 +47,11 @@ WITHOUT = {
     "reservations_asset_id_idx (asset, created)": ["DROP INDEX reservations_asset_id_idx"],
     "reservations_one_held_per_asset (asset) where HELD": [
         "DROP INDEX reservations_one_held_per_asset"],
+    "the counts' update trigger (not fired by a hold)": [
+        "DROP TRIGGER assets_counted_on_update ON assets"],
+    "assets.shelf generated (a plain column in its place)": [
+        "ALTER TABLE assets ALTER COLUMN shelf DROP EXPRESSION",
+        "ALTER TABLE assets ALTER COLUMN shelf SET DEFAULT 'ON_SALE'"],
 }
 EVERY_ITEM = [UNIQUE_SEQUENCE, "DROP INDEX events_feed_idx", "DROP INDEX events_pending_idx",
               *NO_IDENTITY, "DROP INDEX idempotency_keys_created_at_idx",
