@@ -160,33 +160,41 @@ async fn every_role_against_every_operation(backend: Backend) {
     );
 }
 
+/// The admin adds an asset named by its id.
+async fn add_asset(app: &TestApp, keys: &Keys, id: &str) {
+    let r = call(
+        app,
+        Method::POST,
+        "/v1/assets",
+        Some(&keys.admin),
+        Some(json!({"id": id, "name": id})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+}
+
+/// A hold for `same-buyer` sent with `token` under `key`.
+async fn hold_as(app: &TestApp, token: &str, asset: &str, key: &str) -> reqwest::Response {
+    app.client
+        .post(app.url(&format!("/v1/assets/{asset}/reservations")))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(&json!({"buyer_id": "same-buyer"}))
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn storefronts_see_only_their_own_reservations_and_keys(backend: Backend) {
     let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
         return;
     };
     for id in ["O-1", "O-2"] {
-        let r = call(
-            &app,
-            Method::POST,
-            "/v1/assets",
-            Some(&keys.admin),
-            Some(json!({"id": id, "name": id})),
-        )
-        .await;
-        assert_eq!(r.status(), 201);
+        add_asset(&app, &keys, id).await;
     }
     let hold = |token: String, asset: &'static str, key: &'static str| {
         let app = &app;
-        async move {
-            app.client
-                .post(app.url(&format!("/v1/assets/{asset}/reservations")))
-                .bearer_auth(token)
-                .header("Idempotency-Key", key)
-                .json(&json!({"buyer_id": "same-buyer"}))
-                .send()
-                .await
-                .unwrap()
-        }
+        async move { hold_as(app, &token, asset, key).await }
     };
     let mine = hold(keys.shop.clone(), "O-1", "shared-key").await;
     assert_eq!(mine.status(), 201);
@@ -370,28 +378,12 @@ async fn one_key_of_two_clients_at_once_stays_two_keys(backend: Backend) {
         return;
     };
     for id in ["PAIR-A", "PAIR-B"] {
-        let r = call(
-            &app,
-            Method::POST,
-            "/v1/assets",
-            Some(&keys.admin),
-            Some(json!({"id": id, "name": id})),
-        )
-        .await;
-        assert_eq!(r.status(), 201);
+        add_asset(&app, &keys, id).await;
     }
     let hold = |token: String, asset: &'static str, key: String| {
         let app = &app;
         async move {
-            let response = app
-                .client
-                .post(app.url(&format!("/v1/assets/{asset}/reservations")))
-                .bearer_auth(token)
-                .header("Idempotency-Key", key)
-                .json(&json!({"buyer_id": "same-buyer"}))
-                .send()
-                .await
-                .unwrap();
+            let response = hold_as(app, &token, asset, &key).await;
             let status = response.status().as_u16();
             (status, response.json::<Value>().await.unwrap())
         }
