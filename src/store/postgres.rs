@@ -140,8 +140,9 @@ impl Sessions {
                 }));
                 Ok(conn)
             };
+            let connect = home.run(connect);
             async move {
-                home.spawn(connect).await.map_err(|e| {
+                connect.await.map_err(|e| {
                     diesel::ConnectionError::BadConnection(format!("open a connection: {e}"))
                 })?
             }
