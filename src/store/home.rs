@@ -6,7 +6,8 @@
 use std::future::Future;
 
 use tokio::runtime::Handle;
-use tokio::task::{AbortHandle, JoinError, JoinHandle};
+use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Home(Option<Handle>);
@@ -31,17 +32,12 @@ impl Home {
     /// Runs `task` there for as long as its caller waits: dropping the
     /// returned future (a timeout, a caller gone) drops the task too, as if
     /// it had run in place, instead of leaving it to run on unwatched.
-    pub(crate) fn run<F>(&self, task: F) -> impl Future<Output = Result<F::Output, JoinError>>
+    pub(crate) fn run<F>(&self, task: F) -> AbortOnDropHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        let handle = self.spawn(task);
-        let abort = AbortOnDrop(handle.abort_handle());
-        async move {
-            let _abort = abort;
-            handle.await
-        }
+        AbortOnDropHandle::new(self.spawn(task))
     }
 
     pub(crate) fn spawn_blocking<F, R>(&self, call: F) -> JoinHandle<R>
@@ -53,15 +49,6 @@ impl Home {
             Some(home) => home.spawn_blocking(call),
             None => tokio::task::spawn_blocking(call),
         }
-    }
-}
-
-/// Aborts its task when dropped; a task that has ended is left as it is.
-struct AbortOnDrop(AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
