@@ -13,25 +13,41 @@ use super::conn::{self, Conn};
 use super::error::{is_unique_violation, Abort, Context, StoreError, StoreResult};
 use super::outcome;
 use super::postgres::{self, Sessions};
-use super::rows::{HoldSnapshotRow, SnapshotInput};
+use super::rows::{HoldSnapshotRow, ReservationInput, ReservationSnapshotRow, SnapshotInput};
 use super::sqlite;
 
-/// At most this many hold snapshot statements run at once; requests that
-/// arrive meanwhile are read together by the next one. One: a statement is
-/// mostly its planning, so the fewer and fuller the statements, the less the
-/// database works per request, and a request waits at most for the
-/// statement running when it came and then its own.
+/// At most this many first-read statements of one kind (holds', or
+/// reservations') run at once; requests that arrive meanwhile are read
+/// together by the next one. One: a statement is mostly its planning, so
+/// the fewer and fuller the statements, the less the database works per
+/// request, and a request waits at most for the statement running when it
+/// came and then its own.
 const SNAPSHOT_BATCHES: usize = 1;
-/// The largest number of requests one snapshot statement reads for.
+/// The largest number of requests one first-read statement reads for.
 const SNAPSHOT_BATCH_SIZE: usize = 256;
-/// A snapshot statement that follows another waits for 32 requests, or half
-/// a millisecond, when fewer are queued. At 64 connections in a flash sale
-/// that takes the statements from about 15 requests each to about 50, and
-/// the database's CPU per request to less than half.
+/// A first-read statement that follows another waits for 32 requests, or
+/// half a millisecond, when fewer are queued. At 64 connections in a flash
+/// sale that takes the statements from about 15 requests each to about 50,
+/// and the database's CPU per request to less than half.
 const SNAPSHOT_GATHER: Gather = Gather {
     callers: 32,
     at_most: Duration::from_micros(500),
 };
+
+/// How the use cases read many first reads in one statement on PostgreSQL:
+/// of holds, and of the requests about a reservation (commit, release,
+/// extension, void).
+pub(crate) struct Readers {
+    pub holds: fn(Sessions, Vec<SnapshotInput>) -> BatchFuture<HoldSnapshotRow>,
+    pub reservations:
+        fn(Sessions, Vec<ReservationInput>) -> BatchFuture<Vec<ReservationSnapshotRow>>,
+}
+
+/// PostgreSQL's coalesced first reads.
+struct Batched {
+    holds: Arc<Coalescer<SnapshotInput, HoldSnapshotRow>>,
+    reservations: Arc<Coalescer<ReservationInput, Vec<ReservationSnapshotRow>>>,
+}
 
 /// The configured backend, how answers are rendered, and the policy.
 #[derive(Clone)]
@@ -39,8 +55,8 @@ pub struct Store {
     backend: Backend,
     render: Arc<dyn Render>,
     settings: Arc<StoreSettings>,
-    /// PostgreSQL: the first reads of concurrent holds, read together.
-    hold_snapshots: Option<Arc<Coalescer<SnapshotInput, HoldSnapshotRow>>>,
+    /// PostgreSQL: the first reads of concurrent requests, read together.
+    batched: Option<Arc<Batched>>,
 }
 
 #[derive(Clone)]
@@ -51,26 +67,38 @@ enum Backend {
 
 impl Store {
     /// Opens the database at `url` (not yet migrated); stored answers are
-    /// rendered by `render`. On PostgreSQL, `read_holds` reads the first
-    /// reads of a batch of concurrent holds in one statement.
+    /// rendered by `render`. On PostgreSQL, `readers` read the first reads
+    /// of concurrent requests in one statement per batch.
     pub(crate) fn connect(
         url: &DatabaseUrl,
         settings: &StoreSettings,
         render: Arc<dyn Render>,
-        read_holds: fn(Sessions, Vec<SnapshotInput>) -> BatchFuture<HoldSnapshotRow>,
+        readers: Readers,
     ) -> StoreResult<Self> {
-        let (backend, hold_snapshots) = match url {
+        let (backend, batched) = match url {
             DatabaseUrl::Postgres(url) => {
                 let pg = postgres::PgStore::connect(url, settings)?;
-                let sessions = pg.sessions().clone();
-                let snapshots = Coalescer::new(
+                let (sessions, holds) = (pg.sessions().clone(), readers.holds);
+                let hold_snapshots = Coalescer::new(
                     "read the asset to hold",
                     SNAPSHOT_BATCHES,
                     SNAPSHOT_BATCH_SIZE,
                     SNAPSHOT_GATHER,
-                    move |inputs| read_holds(sessions.clone(), inputs),
+                    move |inputs| holds(sessions.clone(), inputs),
                 );
-                (Backend::Postgres(pg), Some(snapshots))
+                let (sessions, reservations) = (pg.sessions().clone(), readers.reservations);
+                let reservation_snapshots = Coalescer::new(
+                    "read the reservation",
+                    SNAPSHOT_BATCHES,
+                    SNAPSHOT_BATCH_SIZE,
+                    SNAPSHOT_GATHER,
+                    move |inputs| reservations(sessions.clone(), inputs),
+                );
+                let batched = Batched {
+                    holds: hold_snapshots,
+                    reservations: reservation_snapshots,
+                };
+                (Backend::Postgres(pg), Some(Arc::new(batched)))
             }
             DatabaseUrl::Sqlite(path) => {
                 let lite = sqlite::SqliteStore::open(path, settings)?;
@@ -81,13 +109,21 @@ impl Store {
             backend,
             render,
             settings: Arc::new(settings.clone()),
-            hold_snapshots,
+            batched,
         })
     }
 
     /// PostgreSQL's coalesced first read of concurrent holds.
     pub(crate) fn hold_snapshots(&self) -> Option<&Arc<Coalescer<SnapshotInput, HoldSnapshotRow>>> {
-        self.hold_snapshots.as_ref()
+        self.batched.as_ref().map(|b| &b.holds)
+    }
+
+    /// PostgreSQL's coalesced first read of concurrent requests about a
+    /// reservation.
+    pub(crate) fn reservation_snapshots(
+        &self,
+    ) -> Option<&Arc<Coalescer<ReservationInput, Vec<ReservationSnapshotRow>>>> {
+        self.batched.as_ref().map(|b| &b.reservations)
     }
 
     /// Writes a consistent copy of a live embedded database to `target`.

@@ -72,10 +72,11 @@ impl Store {
         settings: &StoreSettings,
         render: Arc<dyn Render>,
     ) -> StoreResult<Self> {
-        let read_holds = |sessions, inputs| -> coalesce::BatchFuture<rows::HoldSnapshotRow> {
-            Box::pin(tx::hold::read_snapshots(sessions, inputs))
+        let readers = db::Readers {
+            holds: |sessions, inputs| Box::pin(tx::hold::read_snapshots(sessions, inputs)),
+            reservations: |sessions, inputs| Box::pin(tx::read_snapshots(sessions, inputs)),
         };
-        Store::connect(url, settings, render, read_holds)
+        Store::connect(url, settings, render, readers)
     }
 
     pub async fn ping(&self) -> StoreResult<()> {

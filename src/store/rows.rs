@@ -40,6 +40,17 @@ pub(crate) struct StoredAnswer {
 /// key.
 pub(crate) type SnapshotInput = (String, String, String);
 
+/// What the first read of a request about a reservation reads for: the
+/// reservation, the key's client and key, and the payment (its client and
+/// reference) whose fate a commit reads with it.
+#[derive(Debug, Clone)]
+pub(crate) struct ReservationInput {
+    pub(crate) id: String,
+    pub(crate) key_client: String,
+    pub(crate) key: String,
+    pub(crate) payment: Option<(String, String)>,
+}
+
 /// A hold's first read of one request: the clock, the asset and the answer
 /// stored under the key. Read as one row when the request is read alone;
 /// put together from a batch's [`HoldBatchRow`]s otherwise. Rows are read
@@ -467,6 +478,16 @@ impl ReservationSnapshotRow {
             fate: first.fate.into_fate(),
         })
     }
+}
+
+/// A row of the batched first read of requests about reservations: a row
+/// of the `ord`-th request's snapshot.
+#[derive(QueryableByName)]
+pub(crate) struct ReservationBatchRow {
+    #[diesel(sql_type = BigInt)]
+    pub(crate) ord: i64,
+    #[diesel(embed)]
+    pub(crate) row: ReservationSnapshotRow,
 }
 
 /// The columns of a LEFT JOINed refund, all nullable.

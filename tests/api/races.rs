@@ -234,6 +234,91 @@ async fn concurrent_requests_each_get_their_own_answer(app: TestApp) {
     assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
 }
 
+/// The first reads of concurrent requests about reservations may be read
+/// together; each commit must still be decided on its own reservation, its
+/// own key's stored answer and its own payment's fate. In one burst of 192:
+/// replays of a sale's key, that key under another body, sales of 32 live
+/// holds (one each), the sale's payment sent again under new keys, a
+/// refunded payment sent again, unknown reservations, the sale's payment
+/// sent to the released reservation, and releases of it (no payment).
+async fn concurrent_commits_each_read_their_own_reservation(app: TestApp) {
+    let mut holds = Vec::new();
+    for i in 0..34 {
+        let asset = format!("PAY-{i}");
+        app.create_asset(&asset).await;
+        let held = app.hold(&asset, &format!("buyer-{i}"), 600).await;
+        holds.push(held["reservation_id"].as_str().unwrap().to_owned());
+    }
+    let (sold, refunded) = (holds.remove(0), holds.remove(0));
+    let first = app.commit(&sold, "sold-key", "pay-sold").await;
+    assert_eq!(first.status(), 200);
+    let first: Value = first.json().await.unwrap();
+    assert_eq!(app.release(&refunded, "release-key").await.status(), 200);
+    let refused = app.commit(&refunded, "late-key", "pay-late").await;
+    assert_eq!(refused.status(), 409);
+    let refused: Value = refused.json().await.unwrap();
+    let refund = refused["refund"]["refund_id"].clone();
+    assert!(refund.is_string(), "{refused}");
+    let answers = join_all((0..192).map(|i| {
+        let (app, holds) = (&app, &holds);
+        let (sold, refunded) = (sold.as_str(), refunded.as_str());
+        async move {
+            let fresh = format!("fresh-{i}");
+            let response = match i % 6 {
+                0 => app.commit(sold, "sold-key", "pay-sold").await,
+                1 => app.commit(sold, "sold-key", &format!("pay-{i}")).await,
+                2 => app.commit(&holds[i / 6], &fresh, &format!("pay-{i}")).await,
+                3 => app.commit(sold, &fresh, "pay-sold").await,
+                4 => app.commit(refunded, &fresh, "pay-late").await,
+                _ if i % 18 == 5 => {
+                    app.commit("res_01HZX49R8T39QK6G7Y1W2V3N4P", &fresh, "p")
+                        .await
+                }
+                _ if i % 18 == 11 => app.commit(refunded, &fresh, "pay-sold").await,
+                _ => app.release(refunded, &fresh).await,
+            };
+            let status = response.status().as_u16();
+            (i, status, response.json::<Value>().await.unwrap())
+        }
+    }))
+    .await;
+    for (i, status, body) in &answers {
+        match i % 6 {
+            0 | 3 => {
+                assert_eq!(*status, 200, "{i}: {body}");
+                assert_eq!(body, &first, "{i}");
+            }
+            1 => assert_eq!(body["error_code"], "IDEMPOTENCY_KEY_REUSED", "{i}: {body}"),
+            2 => {
+                assert_eq!(*status, 200, "{i}: {body}");
+                assert_eq!(body["reservation_id"], holds[i / 6].as_str(), "{i}");
+                assert_eq!(body["status"], "COMMITTED", "{i}");
+                assert_eq!(body["payment_reference"], format!("pay-{i}"), "{i}");
+            }
+            4 => {
+                assert_eq!(*status, 409, "{i}: {body}");
+                assert_eq!(body["refund"]["refund_id"], refund, "{i}: {body}");
+                assert_eq!(body["reservation"]["reservation_id"], refunded.as_str());
+            }
+            _ if i % 18 == 5 => assert_eq!(body["error_code"], "RESERVATION_NOT_FOUND", "{i}"),
+            _ if i % 18 == 11 => {
+                assert_eq!(body["error_code"], "PAYMENT_REFERENCE_USED", "{i}: {body}");
+                assert_eq!(body["reservation"]["reservation_id"], refunded.as_str());
+                let bought = &body["payment"]["reservation"]["reservation_id"];
+                assert_eq!(bought, sold.as_str(), "{i}: {body}");
+            }
+            _ => {
+                assert_eq!(*status, 200, "{i}: {body}");
+                assert_eq!(body["reservation_id"], refunded.as_str(), "{i}");
+                assert_eq!(body["status"], "RELEASED", "{i}");
+            }
+        }
+    }
+    let sales = "SELECT count(*) FROM reservations WHERE status = 'COMMITTED'";
+    assert_eq!(app.count(sales).await, 33);
+    assert_eq!(app.count("SELECT count(*) FROM refunds").await, 1);
+}
+
 /// At the opening instant of a sale, holds race like any other: waves of
 /// parallel buyers from just before the opening until one wins; exactly one
 /// does, the others are told the sale is not open or the asset is taken.
@@ -461,6 +546,7 @@ backend_tests!(
     an_extension_races_a_release,
     the_opening_instant_makes_one_winner,
     concurrent_requests_each_get_their_own_answer,
+    concurrent_commits_each_read_their_own_reservation,
     a_hundred_buyers_on_one_asset_make_one_winner,
     fifty_buyers_on_a_lapsed_hold_make_one_winner,
     thirty_duplicates_of_one_request_hold_once,

@@ -29,7 +29,7 @@ pub(crate) mod waitlist;
 use std::sync::LazyLock;
 
 use diesel::sql_query;
-use diesel::sql_types::{Integer, Nullable, Text};
+use diesel::sql_types::{Array, Integer, Nullable, Text};
 
 use super::api::{Client, Idempotency, Keyed, Rendered};
 use super::conn::Conn;
@@ -37,7 +37,8 @@ use super::conn::{Bind, Sql};
 use super::db::Store;
 use super::error::Context;
 use super::error::{StoreError, StoreResult};
-use super::rows::{NewEvent, ReservationSnapshotRow};
+use super::postgres::{Prepared, Sessions};
+use super::rows::{NewEvent, ReservationBatchRow, ReservationInput, ReservationSnapshotRow};
 pub(crate) use super::rows::{Snapshot, StoredAnswer};
 use super::schema::Instant;
 use crate::domain::{EventType, PaymentFate, Reservation, ReservationId, Timestamp};
@@ -202,41 +203,33 @@ impl Target {
     }
 
     /// The first read: clock, reservation with its refunds (a row each),
-    /// stored answer and payment fate, in one statement. Sales recorded
-    /// before payments had clients (client `''`) count for every client.
+    /// stored answer and payment fate, in one statement; on PostgreSQL, one
+    /// statement for every request about a reservation that came meanwhile
+    /// ([`read_snapshots`]). Sales recorded before payments had clients
+    /// (client `''`) count for every client.
     async fn snapshot(&self, store: &Store) -> StoreResult<Snapshot<Reservation>> {
-        let (pg, lite) = (&*SNAPSHOT_PG, &*SNAPSHOT_LITE);
-        let (id, key) = (self.id.to_string(), self.idempotency.clone());
-        let (client, reference) = self.payment.clone().unzip();
+        let input = ReservationInput {
+            id: self.id.to_string(),
+            key_client: self.idempotency.client.clone(),
+            key: self.idempotency.key.to_string(),
+            payment: self.payment.clone(),
+        };
+        if let Some(snapshots) = store.reservation_snapshots() {
+            return ReservationSnapshotRow::into_snapshot(snapshots.call(input).await?);
+        }
+        let lite = &*RESERVATION_SNAPSHOT_LITE;
         let rows = store
             .run("read the reservation", async move |conn| {
-                let (client, reference) = (client.as_deref(), reference.as_deref());
-                let key_client = key.client.as_str();
-                let rows = match conn {
-                    Conn::Pg(c) => {
-                        let query = super::postgres::Prepared(
-                            sql_query(pg.as_str())
-                                .bind::<Text, _>(&id)
-                                .bind::<Text, _>(key_client)
-                                .bind::<Text, _>(key.key.as_str())
-                                .bind::<Nullable<Text>, _>(client)
-                                .bind::<Nullable<Text>, _>(reference),
-                        );
-                        diesel_async::RunQueryDsl::load::<ReservationSnapshotRow>(query, &mut **c)
-                            .await
-                    }
-                    Conn::Lite(_) => {
-                        let now = conn.now().await?;
-                        let query = sql_query(lite.as_str())
-                            .bind::<super::schema::Instant, _>(now)
-                            .bind::<Text, _>(&id)
-                            .bind::<Text, _>(key_client)
-                            .bind::<Text, _>(key.key.as_str())
-                            .bind::<Nullable<Text>, _>(client)
-                            .bind::<Nullable<Text>, _>(reference);
-                        conn.load::<_, ReservationSnapshotRow>(query).await
-                    }
-                };
+                let now = conn.now().await?;
+                let (client, reference) = input.payment();
+                let query = sql_query(lite.as_str())
+                    .bind::<super::schema::Instant, _>(now)
+                    .bind::<Text, _>(&input.id)
+                    .bind::<Text, _>(&input.key_client)
+                    .bind::<Text, _>(&input.key)
+                    .bind::<Nullable<Text>, _>(client)
+                    .bind::<Nullable<Text>, _>(reference);
+                let rows = conn.load::<_, ReservationSnapshotRow>(query).await;
                 rows.context("read the reservation")
             })
             .await?;
@@ -244,11 +237,82 @@ impl Target {
     }
 }
 
-/// A reservation's first read after its clock, both dialects: parameters
-/// are numbered in the order they first appear (PostgreSQL reads `$n` as
-/// positions, SQLite as names numbered by first appearance, so SQLite's
-/// clock, `$0`, comes first).
-const SNAPSHOT_AFTER_CLOCK: &str = " r.id, r.asset_id, r.buyer_id, r.status, r.expires_at,
+impl ReservationInput {
+    /// The payment's client and reference, each `None` without a payment.
+    fn payment(&self) -> (Option<&str>, Option<&str>) {
+        let payment = self.payment.as_ref();
+        payment.map(|(c, r)| (c.as_str(), r.as_str())).unzip()
+    }
+}
+
+/// The first reads of requests about reservations on PostgreSQL: the rows
+/// of each request's snapshot, in the order of `inputs`. A request alone
+/// is read by [`RESERVATION_SNAPSHOT_SQL`], whose plain parameters
+/// PostgreSQL plans once per session; more, by
+/// [`RESERVATION_SNAPSHOT_BATCH_SQL`] in one statement, hence one snapshot
+/// and one clock for all of them.
+pub(crate) async fn read_snapshots(
+    db: Sessions,
+    inputs: Vec<ReservationInput>,
+) -> StoreResult<Vec<Vec<ReservationSnapshotRow>>> {
+    if let [input] = inputs.as_slice() {
+        let (client, reference) = input.payment();
+        let read = Prepared(
+            sql_query(RESERVATION_SNAPSHOT_SQL.as_str())
+                .bind::<Text, _>(&input.id)
+                .bind::<Text, _>(&input.key_client)
+                .bind::<Text, _>(&input.key)
+                .bind::<Nullable<Text>, _>(client)
+                .bind::<Nullable<Text>, _>(reference),
+        );
+        let rows = db
+            .run(async |c| {
+                let rows = diesel_async::RunQueryDsl::load::<ReservationSnapshotRow>(read, c).await;
+                rows.context("read the reservation")
+            })
+            .await?;
+        return Ok(vec![rows]);
+    }
+    let ids: Vec<&str> = inputs.iter().map(|i| i.id.as_str()).collect();
+    let key_clients: Vec<&str> = inputs.iter().map(|i| i.key_client.as_str()).collect();
+    let keys: Vec<&str> = inputs.iter().map(|i| i.key.as_str()).collect();
+    let (clients, references): (Vec<_>, Vec<_>) = inputs.iter().map(|i| i.payment()).unzip();
+    let read = Prepared(
+        sql_query(RESERVATION_SNAPSHOT_BATCH_SQL.as_str())
+            .bind::<Array<Text>, _>(ids)
+            .bind::<Array<Text>, _>(key_clients)
+            .bind::<Array<Text>, _>(keys)
+            .bind::<Array<Nullable<Text>>, _>(clients)
+            .bind::<Array<Nullable<Text>>, _>(references),
+    );
+    let rows = db
+        .run(async |c| {
+            let rows = diesel_async::RunQueryDsl::load::<ReservationBatchRow>(read, c).await;
+            rows.context("read the reservation")
+        })
+        .await?;
+    let mut snapshots: Vec<Vec<ReservationSnapshotRow>> =
+        inputs.iter().map(|_| Vec::new()).collect();
+    for row in rows {
+        let slot = usize::try_from(row.ord - 1)
+            .ok()
+            .and_then(|at| snapshots.get_mut(at))
+            .ok_or_else(|| {
+                let n = inputs.len();
+                StoreError::Corrupt(format!(
+                    "a reservation's read for request {} of {n}",
+                    row.ord
+                ))
+            })?;
+        slot.push(row.row);
+    }
+    Ok(snapshots)
+}
+
+/// The columns of a reservation's first read after its clock: the
+/// reservation, the answer stored under the key, the payment's fate, and
+/// one of the reservation's refunds (a row each).
+const SNAPSHOT_COLUMNS: &str = " r.id, r.asset_id, r.buyer_id, r.status, r.expires_at,
        r.created_at, r.committed_at, r.released_at, r.payment_reference, r.client,
        r.voided_at, r.payment_client, r.price_amount, r.price_currency, r.metadata, r.via, i.fingerprint, i.status_code, i.body, i.location,
        p.reservation_id AS fate_reservation_id, p.refund_id AS fate_refund_id,
@@ -256,7 +320,13 @@ const SNAPSHOT_AFTER_CLOCK: &str = " r.id, r.asset_id, r.buyer_id, r.status, r.e
        f.asset_id AS refund_asset_id, f.payment_reference AS refund_payment_reference,
        f.reason AS refund_reason, f.status AS refund_status,
        f.created_at AS refund_created_at, f.completed_at AS refund_completed_at,
-       f.payment_client AS refund_payment_client
+       f.payment_client AS refund_payment_client";
+
+/// A reservation's first read after its clock, both dialects: parameters
+/// are numbered in the order they first appear (PostgreSQL reads `$n` as
+/// positions, SQLite as names numbered by first appearance, so SQLite's
+/// clock, `$0`, comes first).
+const SNAPSHOT_FROM: &str = "
   FROM (SELECT 1) AS one
   LEFT JOIN reservations r ON r.id = $1
   LEFT JOIN idempotency_keys i ON i.client = $2 AND i.key = $3
@@ -266,10 +336,30 @@ const SNAPSHOT_AFTER_CLOCK: &str = " r.id, r.asset_id, r.buyer_id, r.status, r.e
   LEFT JOIN refunds f ON f.reservation_id = r.id
  ORDER BY f.created_at, f.id";
 
-static SNAPSHOT_PG: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT now() AS now,{SNAPSHOT_AFTER_CLOCK}"));
-static SNAPSHOT_LITE: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT $0 AS now,{SNAPSHOT_AFTER_CLOCK}"));
+static RESERVATION_SNAPSHOT_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT now() AS now,{SNAPSHOT_COLUMNS}{SNAPSHOT_FROM}"));
+static RESERVATION_SNAPSHOT_LITE: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT $0 AS now,{SNAPSHOT_COLUMNS}{SNAPSHOT_FROM}"));
+
+/// The first reads of many requests about reservations on PostgreSQL, the
+/// same rows as [`RESERVATION_SNAPSHOT_SQL`]'s for each, numbered by `ord` in the order
+/// of the requests: `$1` to `$5` are arrays of their reservation ids, key
+/// clients, keys, payment clients and payment references (NULL without a
+/// payment).
+static RESERVATION_SNAPSHOT_BATCH_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT statement_timestamp() AS now, q.ord,{SNAPSHOT_COLUMNS}
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+       WITH ORDINALITY AS q(id, key_client, key, payment_client, reference, ord)
+  LEFT JOIN reservations r ON r.id = q.id
+  LEFT JOIN idempotency_keys i ON i.client = q.key_client AND i.key = q.key
+  LEFT JOIN LATERAL (SELECT reservation_id, refund_id FROM payments
+              WHERE client IN (q.payment_client, '') AND reference = q.reference
+              ORDER BY client DESC LIMIT 1) AS p ON true
+  LEFT JOIN refunds f ON f.reservation_id = r.id
+ ORDER BY q.ord, f.created_at, f.id"
+    )
+});
 
 /// An event about `reservation`, whose data is the reservation as its
 /// answer shows it.
