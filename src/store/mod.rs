@@ -56,6 +56,9 @@ pub use running::{Mark, Running};
 /// The hold's statements on PostgreSQL, for the benchmark's pgbench scripts.
 pub use tx::hold::{HOLD_SNAPSHOT_ONE_SQL, HOLD_SNAPSHOT_SQL, HOLD_SQL};
 pub use tx::import::{ImportReport, Importer};
+/// The batched first read of requests about reservations, for the tests of
+/// its plan.
+pub use tx::RESERVATION_SNAPSHOT_BATCH_SQL;
 
 pub use tx::waitlist::LeaveOutcome;
 

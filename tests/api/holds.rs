@@ -279,6 +279,69 @@ async fn plans_made_on_a_small_table_do_not_outlive_its_growth() {
     );
 }
 
+/// The batched first read of requests about reservations keeps the
+/// general plan PostgreSQL makes for it, however small the batches its
+/// session starts with. PostgreSQL plans a prepared statement for its
+/// values at its first five executions and keeps doing so while such plans
+/// look cheaper than the general one: a plan made for an array it can see,
+/// shorter than the ten rows the general plan assumes, would, and every
+/// batch of commits would be planned again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_batched_read_of_reservations_keeps_its_general_plan() {
+    use diesel::sql_types::BigInt;
+    use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+    #[derive(diesel::QueryableByName)]
+    struct Plans {
+        #[diesel(sql_type = BigInt)]
+        generic_plans: i64,
+        #[diesel(sql_type = BigInt)]
+        custom_plans: i64,
+    }
+    // Behind a pooler, one session's statements may reach two servers.
+    if std::env::var_os("HOLDFAST_TEST_POOLER_URL").is_some() {
+        return;
+    }
+    let Some(app) = TestApp::try_spawn(crate::helpers::Backend::Postgres).await else {
+        return;
+    };
+    let mut conn = AsyncPgConnection::establish(app.database_url())
+        .await
+        .expect("connect");
+    // Tables of some size, analysed, as a running service's are.
+    conn.batch_execute(
+        "INSERT INTO assets (id, name, created_at, updated_at) \
+         SELECT 'lot-' || g, 'Lot', now(), now() FROM generate_series(1, 2000) g; \
+         INSERT INTO idempotency_keys (client, key, fingerprint, status_code, body, created_at) \
+         SELECT 'shop', 'lot-' || g, 'f', 200, '{}', now() FROM generate_series(1, 2000) g; \
+         ANALYZE",
+    )
+    .await
+    .expect("the tables fill");
+    // Ten batches of two requests, the statement prepared as the service
+    // prepares it (its five arrays typed by their use).
+    let sql = holdfast::store::RESERVATION_SNAPSHOT_BATCH_SQL.as_str();
+    let mut batches = format!("PREPARE batch AS {sql};");
+    for _ in 0..10 {
+        batches.push_str(&format!(
+            "EXECUTE batch ({});",
+            ["ARRAY['lot-1', 'lot-2']"; 5].join(", ")
+        ));
+    }
+    conn.batch_execute(&batches).await.expect("the batches run");
+    let plans: Plans = diesel::sql_query(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'batch'",
+    )
+    .get_result(&mut conn)
+    .await
+    .expect("the statement's plans");
+    assert!(
+        plans.generic_plans >= 5,
+        "{} general plans, {} made for their values, of 10 batches of two",
+        plans.generic_plans,
+        plans.custom_plans
+    );
+}
+
 /// On PostgreSQL a hold, its release and the next hold change the asset's
 /// row in place (a HOT update: no index entry written), because no index of
 /// `assets` covers a column they change; only a sale moves the asset to

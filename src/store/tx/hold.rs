@@ -575,6 +575,16 @@ async fn snapshot(store: &Store, req: &HoldRequest) -> StoreResult<Snapshot<Seen
 /// cheaper than one made for any ten ids. With the ids made distinct,
 /// PostgreSQL planned every batch again, which doubled its CPU per
 /// rejection (`bench/compare.py`, hot-held: 5.5 → 10.3 µs).
+///
+/// A plan made for fewer than ten requests still looks cheaper than the
+/// general one: a session whose first five batches were that small (the
+/// first holds after a start, or after the store remade the session's
+/// plans, at light load) plans every batch again. Reading the
+/// arrays through subqueries that no plan sees into, as
+/// [`super::RESERVATION_SNAPSHOT_BATCH_SQL`] does, would end that, but
+/// cost a flash sale's rejections 5 % of their rate (PostgreSQL's CPU per
+/// rejection 4.5 → 4.9 µs, `compare.py` both ways round, 2026-12-07), where
+/// the batches are large and the general plan is kept anyway.
 pub const HOLD_SNAPSHOT_SQL: &str = "\
 SELECT statement_timestamp() AS now, NULL::bigint AS ord, a.id,
        a.status, a.hold_expires_at, a.available_from, a.available_since, a.current_reservation_id,
