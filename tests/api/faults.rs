@@ -91,6 +91,56 @@ async fn no_connection_is_not_applied() {
     }
 }
 
+/// A database that accepts connections and never answers (a black-holed
+/// address) leaves the service with no more connections open than its pool
+/// holds: each connect the pool stops waiting for is dropped with its
+/// socket, not left running until the operating system gives up on it,
+/// minutes later, one more for every request meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connects_to_a_database_that_never_answers_do_not_pile_up() {
+    let upstream = crate::helpers::postgres_address();
+    let proxy = Proxy::start(&upstream).await;
+    let port = proxy.port;
+    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
+        c.database_url = c
+            .database_url
+            .replace(&upstream, &format!("127.0.0.1:{port}"));
+        c.db_pool_size = 2;
+        c.db_acquire_timeout_ms = 200;
+        c.db_timeout_ms = 1000;
+    })
+    .await
+    else {
+        return;
+    };
+    app.create_asset("BH-1").await;
+    proxy.set(Mode::Stall);
+    for _ in 0..4 {
+        let reads = (0..10).map(|_| app.get("/v1/assets/BH-1"));
+        for response in futures_util::future::join_all(reads).await {
+            unavailable(response).await;
+        }
+    }
+    // The last connects given up on close within moments.
+    let mut open = proxy.open();
+    for _ in 0..20 {
+        if open <= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        open = proxy.open();
+    }
+    assert!(
+        open <= 2,
+        "{open} connections open to a database that never answers, pool of 2"
+    );
+    proxy.set(Mode::Pass);
+    eventually("the database is back", || async {
+        app.get("/v1/assets/BH-1").await.status() == 200
+    })
+    .await;
+}
+
 /// A statement stuck behind another transaction's lock is cancelled by the
 /// lock timeout and rolled back: not applied, on both backends, for a write
 /// in a transaction (commit) and for a single-statement write (hold).

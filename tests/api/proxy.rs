@@ -1,8 +1,10 @@
 //! A TCP proxy between the service and PostgreSQL that a test can cut,
 //! stall and restore: real network faults, not mocks.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -12,7 +14,8 @@ pub enum Mode {
     Pass,
     /// Close every connection and refuse new ones.
     Cut,
-    /// Keep connections open but forward nothing.
+    /// Keep connections open but forward nothing (until the service closes
+    /// its end).
     Stall,
 }
 
@@ -20,6 +23,24 @@ pub struct Proxy {
     pub port: u16,
     mode: Arc<watch::Sender<Mode>>,
     accept: tokio::task::JoinHandle<()>,
+    /// The service's connections open through the proxy.
+    open: Arc<AtomicUsize>,
+}
+
+/// Counts a connection as open while it lives.
+struct Open(Arc<AtomicUsize>);
+
+impl Open {
+    fn new(open: &Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(open))
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Proxy {
@@ -30,6 +51,8 @@ impl Proxy {
         let mode = Arc::new(mode);
         let upstream = upstream.to_owned();
         let modes = mode.clone();
+        let open = Arc::new(AtomicUsize::new(0));
+        let opened = Arc::clone(&open);
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let mut changes = modes.subscribe();
@@ -39,14 +62,28 @@ impl Proxy {
                     continue;
                 }
                 let upstream = upstream.clone();
-                tokio::spawn(async move { relay(client, upstream, current, changes).await });
+                let counted = Open::new(&opened);
+                tokio::spawn(async move {
+                    relay(client, upstream, current, changes).await;
+                    drop(counted);
+                });
             }
         });
-        Self { port, mode, accept }
+        Self {
+            port,
+            mode,
+            accept,
+            open,
+        }
     }
 
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
+    }
+
+    /// How many of the service's connections through the proxy are open.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
     }
 }
 
@@ -70,12 +107,20 @@ async fn relay(
         match mode {
             Mode::Cut => return,
             Mode::Stall => {
-                // Hold both sockets silently until the mode changes.
-                if changes.changed().await.is_err() {
-                    return;
+                // Hold both sockets silently until the mode changes (a
+                // stalled connection is broken for good: close it then) or
+                // the service closes its end.
+                let mut unread = [0u8; 1024];
+                loop {
+                    tokio::select! {
+                        _ = changes.changed() => return,
+                        read = client.read(&mut unread) => {
+                            if matches!(read, Ok(0) | Err(_)) {
+                                return;
+                            }
+                        }
+                    }
                 }
-                // A stalled connection is broken for good: close it.
-                return;
             }
             Mode::Pass => {
                 tokio::select! {
