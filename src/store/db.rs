@@ -34,6 +34,20 @@ const SNAPSHOT_GATHER: Gather = Gather {
     at_most: Duration::from_micros(500),
 };
 
+/// A coalescer of first reads of one kind, `run` reading a batch of them.
+fn first_reads<I: Send + 'static, O: Send + 'static>(
+    context: &'static str,
+    run: impl Fn(Vec<I>) -> BatchFuture<O> + Send + Sync + 'static,
+) -> Arc<Coalescer<I, O>> {
+    Coalescer::new(
+        context,
+        SNAPSHOT_BATCHES,
+        SNAPSHOT_BATCH_SIZE,
+        SNAPSHOT_GATHER,
+        run,
+    )
+}
+
 /// How the use cases read many first reads in one statement on PostgreSQL:
 /// of holds, and of the requests about a reservation (commit, release,
 /// extension, void).
@@ -79,24 +93,16 @@ impl Store {
             DatabaseUrl::Postgres(url) => {
                 let pg = postgres::PgStore::connect(url, settings)?;
                 let (sessions, holds) = (pg.sessions().clone(), readers.holds);
-                let hold_snapshots = Coalescer::new(
-                    "read the asset to hold",
-                    SNAPSHOT_BATCHES,
-                    SNAPSHOT_BATCH_SIZE,
-                    SNAPSHOT_GATHER,
-                    move |inputs| holds(sessions.clone(), inputs),
-                );
+                let holds = first_reads("read the asset to hold", move |inputs| {
+                    holds(sessions.clone(), inputs)
+                });
                 let (sessions, reservations) = (pg.sessions().clone(), readers.reservations);
-                let reservation_snapshots = Coalescer::new(
-                    "read the reservation",
-                    SNAPSHOT_BATCHES,
-                    SNAPSHOT_BATCH_SIZE,
-                    SNAPSHOT_GATHER,
-                    move |inputs| reservations(sessions.clone(), inputs),
-                );
+                let reservations = first_reads("read the reservation", move |inputs| {
+                    reservations(sessions.clone(), inputs)
+                });
                 let batched = Batched {
-                    holds: hold_snapshots,
-                    reservations: reservation_snapshots,
+                    holds,
+                    reservations,
                 };
                 (Backend::Postgres(pg), Some(Arc::new(batched)))
             }

@@ -26,6 +26,28 @@ async fn held(app: &TestApp, asset: &str) -> String {
         .to_owned()
 }
 
+/// A PostgreSQL-backed app that reaches its database through a proxy the
+/// test can cut and stall, and gives up on a connection after `acquire_ms`
+/// and on a request's database work after a second; `adjust` sets the rest.
+async fn behind_a_proxy(
+    acquire_ms: u64,
+    adjust: impl FnOnce(&mut holdfast::config::Config),
+) -> Option<(Proxy, TestApp)> {
+    let upstream = crate::helpers::postgres_address();
+    let proxy = Proxy::start(&upstream).await;
+    let port = proxy.port;
+    let app = TestApp::try_spawn_with(Backend::Postgres, |c| {
+        c.database_url = c
+            .database_url
+            .replace(&upstream, &format!("127.0.0.1:{port}"));
+        c.db_acquire_timeout_ms = acquire_ms;
+        c.db_timeout_ms = 1000;
+        adjust(c);
+    })
+    .await?;
+    Some((proxy, app))
+}
+
 /// An SQLite-backed app whose writes wait up to `lock_ms` for SQLite's lock
 /// and whose requests' database work may take `timeout_ms`.
 async fn sqlite_app(lock_ms: u64, timeout_ms: u64) -> Option<TestApp> {
@@ -40,18 +62,7 @@ async fn sqlite_app(lock_ms: u64, timeout_ms: u64) -> Option<TestApp> {
 /// same Idempotency-Key runs for the first time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_connection_is_not_applied() {
-    let upstream = crate::helpers::postgres_address();
-    let proxy = Proxy::start(&upstream).await;
-    let port = proxy.port;
-    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
-        c.database_url = c
-            .database_url
-            .replace(&upstream, &format!("127.0.0.1:{port}"));
-        c.db_acquire_timeout_ms = 500;
-        c.db_timeout_ms = 1000;
-    })
-    .await
-    else {
+    let Some((proxy, app)) = behind_a_proxy(500, |_| {}).await else {
         return;
     };
     for (mode, asset) in [(Mode::Cut, "WO-1"), (Mode::Stall, "WO-2")] {
@@ -98,19 +109,7 @@ async fn no_connection_is_not_applied() {
 /// minutes later, one more for every request meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connects_to_a_database_that_never_answers_do_not_pile_up() {
-    let upstream = crate::helpers::postgres_address();
-    let proxy = Proxy::start(&upstream).await;
-    let port = proxy.port;
-    let Some(app) = TestApp::try_spawn_with(Backend::Postgres, |c| {
-        c.database_url = c
-            .database_url
-            .replace(&upstream, &format!("127.0.0.1:{port}"));
-        c.db_pool_size = 2;
-        c.db_acquire_timeout_ms = 200;
-        c.db_timeout_ms = 1000;
-    })
-    .await
-    else {
+    let Some((proxy, app)) = behind_a_proxy(200, |c| c.db_pool_size = 2).await else {
         return;
     };
     app.create_asset("BH-1").await;

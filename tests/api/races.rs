@@ -24,6 +24,19 @@ async fn buyers_at_once(app: &TestApp, asset: &str, n: usize, name: &str) -> Vec
     .await
 }
 
+/// `n` assets `{prefix}-{i}`, each held for `seconds` by a buyer of its
+/// own: the reservation ids.
+async fn holds_of_their_own(app: &TestApp, prefix: &str, n: usize, seconds: i64) -> Vec<String> {
+    let mut holds = Vec::new();
+    for i in 0..n {
+        let asset = format!("{prefix}-{i}");
+        app.create_asset(&asset).await;
+        let held = app.hold(&asset, &format!("buyer-{i}"), seconds).await;
+        holds.push(held["reservation_id"].as_str().unwrap().to_owned());
+    }
+    holds
+}
+
 /// The bodies of the 201s.
 fn created(responses: &[(u16, Value)]) -> Vec<&Value> {
     responses
@@ -242,13 +255,7 @@ async fn concurrent_requests_each_get_their_own_answer(app: TestApp) {
 /// refunded payment sent again, unknown reservations, the sale's payment
 /// sent to the released reservation, and releases of it (no payment).
 async fn concurrent_commits_each_read_their_own_reservation(app: TestApp) {
-    let mut holds = Vec::new();
-    for i in 0..34 {
-        let asset = format!("PAY-{i}");
-        app.create_asset(&asset).await;
-        let held = app.hold(&asset, &format!("buyer-{i}"), 600).await;
-        holds.push(held["reservation_id"].as_str().unwrap().to_owned());
-    }
+    let mut holds = holds_of_their_own(&app, "PAY", 34, 600).await;
     let (sold, refunded) = (holds.remove(0), holds.remove(0));
     let first = app.commit(&sold, "sold-key", "pay-sold").await;
     assert_eq!(first.status(), 200);
@@ -454,13 +461,7 @@ async fn thirty_duplicates_of_one_void_act_once(app: TestApp) {
 /// An extension racing the release of the same hold: the hold ends
 /// released either way, and an extension answered 200 came first.
 async fn an_extension_races_a_release(app: TestApp) {
-    let mut holds = Vec::new();
-    for i in 0..10 {
-        let asset = format!("ER-{i}");
-        app.create_asset(&asset).await;
-        let held = app.hold(&asset, &format!("b-{i}"), 60).await;
-        holds.push(held["reservation_id"].as_str().unwrap().to_owned());
-    }
+    let holds = holds_of_their_own(&app, "ER", 10, 60).await;
     let results = join_all(holds.iter().map(|id| {
         let app = &app;
         async move {
