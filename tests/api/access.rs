@@ -427,12 +427,82 @@ async fn one_key_of_two_clients_at_once_stays_two_keys(backend: Backend) {
     assert_eq!(app.count("SELECT count(*) FROM reservations").await, 2);
 }
 
+/// The same for requests about reservations, whose first reads are read
+/// together too: each storefront releases its own hold under the key
+/// `both`, then, all at once, replays it, sends the key with the other's
+/// reservation (a reused key), and asks to release the other's reservation
+/// under new keys (not found: it is not theirs).
+async fn one_key_of_two_clients_on_their_reservations_at_once_stays_two_keys(backend: Backend) {
+    let Some((app, keys)) = spawn_with_keys(backend, |_| {}).await else {
+        return;
+    };
+    let mut held = Vec::new();
+    for (token, asset) in [(&keys.shop, "REL-A"), (&keys.other_shop, "REL-B")] {
+        add_asset(&app, &keys, asset).await;
+        let response = hold_as(&app, token, asset, &idempotency_key()).await;
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.unwrap();
+        held.push(body["reservation_id"].as_str().unwrap().to_owned());
+    }
+    let release = |token: String, reservation: String, key: String| {
+        let app = &app;
+        async move {
+            let response = app
+                .client
+                .post(app.url(&format!("/v1/reservations/{reservation}/release")))
+                .bearer_auth(&token)
+                .header("Idempotency-Key", &key)
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let (mine, theirs) = (held[0].clone(), held[1].clone());
+    let (status, body) = release(keys.shop.clone(), mine.clone(), "both".into()).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = release(keys.other_shop.clone(), theirs.clone(), "both".into()).await;
+    assert_eq!(status, 200, "{body}");
+    let answers = join_all((0..200).map(|i| {
+        let (token, reservation, key) = match i % 5 {
+            0 => (keys.shop.clone(), &mine, "both".to_owned()),
+            1 => (keys.other_shop.clone(), &theirs, "both".to_owned()),
+            2 => (keys.shop.clone(), &theirs, "both".to_owned()),
+            3 => (keys.other_shop.clone(), &mine, "both".to_owned()),
+            _ => (keys.other_shop.clone(), &mine, idempotency_key()),
+        };
+        let release = &release;
+        async move { (i, release(token, reservation.clone(), key).await) }
+    }))
+    .await;
+    for (i, (status, body)) in &answers {
+        match i % 5 {
+            0 | 1 => {
+                let own = if i % 5 == 0 { &mine } else { &theirs };
+                assert_eq!(*status, 200, "replay {i}: {body}");
+                assert_eq!(body["reservation_id"], own.as_str(), "{i}");
+            }
+            2 | 3 => {
+                assert_eq!(*status, 422, "{i}: {body}");
+                assert_eq!(body["error_code"], "IDEMPOTENCY_KEY_REUSED", "{i}: {body}");
+            }
+            _ => {
+                assert_eq!(*status, 404, "{i}: {body}");
+                assert_eq!(body["error_code"], "RESERVATION_NOT_FOUND", "{i}: {body}");
+            }
+        }
+    }
+}
+
 backend_tests!(
     a_burst_of_one_buyer_ends_at_the_limit;
     backend:
         every_role_against_every_operation,
         storefronts_see_only_their_own_reservations_and_keys,
         one_key_of_two_clients_at_once_stays_two_keys,
+        one_key_of_two_clients_on_their_reservations_at_once_stays_two_keys,
         preflights_need_no_key,
         no_spelling_skips_the_keys,
         form_posts_are_refused_for_every_caller,
