@@ -43,7 +43,7 @@ pub(crate) type SnapshotInput = (String, String, String);
 /// What the first read of a request about a reservation reads for: the
 /// reservation, the key's client and key, and the payment (its client and
 /// reference) whose fate a commit reads with it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct ReservationInput {
     pub(crate) id: String,
     pub(crate) key_client: String,
